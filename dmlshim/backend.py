@@ -1,0 +1,164 @@
+"""Per-target answers the emulated ``torch.cuda`` API needs: sync, memory, names.
+
+CPU: memory figures are the process's resident memory (there is no device allocator to ask).
+emulated-dml: the emulator's own counters of live device storages.
+dml: torch_directml's ``gpu_memory`` (used memory per adapter) where it exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, Optional, Tuple
+
+from dmlshim import devicemap
+
+_peak: Dict[int, int] = {}
+
+
+def _kind() -> str:
+    t = devicemap.target()
+    return t.kind if t is not None else "cpu"
+
+
+def _index(device) -> int:
+    """CUDA-style device argument (None, int, "cuda:1", torch.device) -> ordinal."""
+    if device is None:
+        return devicemap.current_index()
+    if isinstance(device, int):
+        devicemap.check_index(device)
+        return device
+    idx = devicemap.cuda_index(device)
+    if idx is False:
+        import torch
+
+        dev = torch.device(device)
+        return dev.index if dev.index is not None else devicemap.current_index()
+    return devicemap.current_index() if idx is None else idx  # type: ignore[return-value]
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _meminfo() -> Tuple[int, int]:
+    """(available, total) bytes of system memory."""
+    try:
+        info = {}
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+        return info.get("MemAvailable", info["MemFree"]), info["MemTotal"]
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+def synchronize(index: int) -> None:
+    kind = _kind()
+    if kind == "dml":
+        import torch
+
+        # DirectML queues work; a read back to the host waits for everything before it.
+        torch.zeros(1, device=devicemap.device_for(index)).cpu()
+    elif kind == "emulated-dml":
+        from dmlshim import emulator
+
+        emulator.synchronize(index)
+
+
+def memory_allocated(index: int) -> int:
+    kind = _kind()
+    if kind == "emulated-dml":
+        from dmlshim import emulator
+
+        value = emulator.memory_allocated(index)
+    elif kind == "dml":
+        value = _dml_used(index)
+    else:
+        value = _rss_bytes()
+    if value > _peak.get(index, 0):
+        _peak[index] = value
+    return value
+
+
+def max_memory_allocated(index: int) -> int:
+    kind = _kind()
+    if kind == "emulated-dml":
+        from dmlshim import emulator
+
+        return emulator.max_memory_allocated(index)
+    current = memory_allocated(index)
+    return max(current, _peak.get(index, 0))
+
+
+def reset_peak(index: int) -> None:
+    kind = _kind()
+    if kind == "emulated-dml":
+        from dmlshim import emulator
+
+        emulator.reset_peak_memory_stats(index)
+    _peak[index] = 0
+    memory_allocated(index)
+
+
+def mem_get_info(index: int) -> Tuple[int, int]:
+    free, total = _meminfo()
+    if _kind() == "dml":
+        used = _dml_used(index)
+        return max(total - used, 0), total
+    return free, total
+
+
+def total_memory(index: int) -> int:
+    return _meminfo()[1]
+
+
+def _dml_used(index: int) -> int:
+    try:
+        import torch_directml
+
+        # gpu_memory(device, mb_per_tile) -> used memory per tile, in MB
+        return int(sum(torch_directml.gpu_memory(index, 1)) * 1024 * 1024)
+    except Exception:
+        return 0
+
+
+def device_name(index: int) -> str:
+    t = devicemap.target()
+    return t.device_name(index) if t is not None else "cpu"
+
+
+def processor_count(index: int) -> int:
+    return (os.cpu_count() or 1) if _kind() == "cpu" else 1
+
+
+def empty_cache() -> None:
+    if _kind() == "dml":
+        try:
+            import torch_directml
+
+            fn = getattr(torch_directml, "empty_cache", None)
+            if fn is not None:
+                fn()
+        except Exception:
+            pass
+
+
+def has_bf16() -> bool:
+    return _kind() == "cpu"  # DirectML has no bfloat16 (#688)
+
+
+def float64_supported(index: Optional[int] = None) -> bool:
+    t = devicemap.target()
+    if t is None:
+        return True
+    return t.has_float64(devicemap.current_index() if index is None else index)

@@ -1,0 +1,195 @@
+"""Every dmlshim option, in one table: CLI flag, environment variable, default, valid values.
+
+Nothing else in the package reads ``DMLSHIM_*`` variables for options; it asks
+:func:`current` (the options in force) instead. A bad value raises :class:`ConfigError`, which
+the entry points turn into one line on stderr and exit status 2 (:func:`exit_on_error`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+ENV_PREFIX = "DMLSHIM_"
+
+# Emulator fidelity switches (see dmlshim/emulator). The first four are on by default; the
+# wrong-result bugs are opt-in because they make results differ from the CPU on purpose.
+EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator")
+EMULATOR_BUGS = ("bug-ce-none", "bug-mul-bool", "bug-bn-stats")
+
+
+class ConfigError(ValueError):
+    """A bad option value. ``str(err)`` is the one line shown to the user."""
+
+    def __init__(self, env: str, value: str, valid: str) -> None:
+        self.env, self.value, self.valid = env, value, valid
+        super().__init__(f"dmlshim: invalid {env}={value!r}; valid values: {valid}")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # attribute name on Config, e.g. "device"
+    default: str
+    valid: str  # human-readable list of valid values, shown in errors and --help
+    help: str
+    check: Callable[[str], bool]
+    normalize: Callable[[str], str] = staticmethod(lambda v: v.strip().lower())  # type: ignore[assignment]
+    flag_takes_value: bool = True
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, raw: str) -> str:
+        value = self.normalize(raw)
+        if not self.check(value):
+            raise ConfigError(self.env, raw, self.valid)
+        return value
+
+
+def _one_of(*choices: str) -> Callable[[str], bool]:
+    return lambda v: v in choices
+
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|dml(:\d+)?|emulated-dml(:[1-9]\d*)?)$")
+
+
+def _gap_list(value: str) -> bool:
+    if value in ("all", "none", ""):
+        return True
+    return all(part in EMULATOR_GAPS + EMULATOR_BUGS for part in value.split(","))
+
+
+def _keep(value: str) -> str:
+    return value.strip()
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option(
+        "device", "auto", "auto, dml, dml:N, cpu, cuda, emulated-dml, emulated-dml:N (N >= 1 adapters)",
+        "where CUDA work goes: auto picks DirectML, else stays inert on real CUDA, else the CPU",
+        lambda v: bool(_DEVICE_RE.match(v)),
+    ),
+    Option("disable", "0", "0, 1", "1 makes `import dmlshim` and the runner do nothing",
+           _one_of("0", "1", "true", "false", "yes", "no", "on", "off"),
+           normalize=lambda v: {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0",
+                                "off": "0"}.get(v.strip().lower(), v.strip().lower())),
+    Option("log", "warning", "warning, info, debug",
+           "log level of the 'dmlshim' logger; info logs every redirected call site once",
+           _one_of("warning", "info", "debug")),
+    Option("optimizer", "rebind", "rebind, reset, off",
+           "keep optimizers bound to live parameters after conversions (rebind), clear their "
+           "state at each epoch boundary (reset), or do nothing (off)",
+           _one_of("rebind", "reset", "off")),
+    Option("amp", "off", "off, fp16",
+           "autocast regions run in float32 (off) or float16 where the target supports it",
+           _one_of("off", "fp16")),
+    Option("float64", "keep", "keep, float32",
+           "on adapters without float64, keep double tensors (and fail) or downcast them",
+           _one_of("keep", "float32")),
+    Option("decompose", "on", "on, off",
+           "compute ops that torch-directml runs on the CPU from ops it supports",
+           _one_of("on", "off")),
+    Option("guards", "on", "on, off",
+           "work around torch-directml 0.2.5's known wrong-result bugs (real DirectML only)",
+           _one_of("on", "off")),
+    Option("emulator_gaps", "all",
+           "all, none, or a comma list of " + ", ".join(EMULATOR_GAPS + EMULATOR_BUGS),
+           "which torch-directml gaps the emulated-dml device reproduces (bugs are opt-in)",
+           _gap_list, normalize=lambda v: v.strip().lower().replace(" ", "")),
+    Option("report", "", "a file path (empty: no report)",
+           "write a JSON report of what the shim did to this path at exit",
+           lambda v: True, normalize=_keep),
+)
+
+OPTIONS_BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+OPTIONS_BY_FLAG: Dict[str, Option] = {o.flag: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Config:
+    values: Mapping[str, str]
+    sources: Mapping[str, str] = field(default_factory=dict)  # name -> default|env|cli|install()
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def disabled(self) -> bool:
+        return self.values["disable"] == "1"
+
+    def emulator_switches(self) -> Tuple[str, ...]:
+        """The emulator gaps and bugs switched on, expanded from ``all``/``none``."""
+        raw = self.values["emulator_gaps"]
+        if raw == "all":
+            return EMULATOR_GAPS
+        if raw in ("none", ""):
+            return ()
+        return tuple(p for p in raw.split(",") if p)
+
+    def as_env(self) -> Dict[str, str]:
+        """Environment variables that reproduce this config in a child process."""
+        return {OPTIONS_BY_NAME[n].env: v for n, v in self.values.items()}
+
+
+def load(overrides: Optional[Mapping[str, object]] = None, source: str = "cli",
+         environ: Optional[Mapping[str, str]] = None) -> Config:
+    """Options from defaults, then the environment, then ``overrides`` (CLI or install())."""
+    environ = os.environ if environ is None else environ
+    values: Dict[str, str] = {}
+    sources: Dict[str, str] = {}
+    for opt in OPTIONS:
+        values[opt.name], sources[opt.name] = opt.default, "default"
+        raw = environ.get(opt.env)
+        if raw is not None and raw != "":
+            values[opt.name], sources[opt.name] = opt.parse(raw), "env"
+    for name, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        opt = OPTIONS_BY_NAME.get(name)
+        if opt is None:
+            valid = ", ".join(o.name for o in OPTIONS)
+            raise TypeError(f"dmlshim: unknown option {name!r}; options are: {valid}")
+        if isinstance(raw, bool):
+            raw = "1" if raw else "0"
+        values[name], sources[name] = opt.parse(str(raw)), source
+    return Config(values, sources)
+
+
+_current: Optional[Config] = None
+
+
+def current() -> Config:
+    """The options in force: those of the last install(), else read from the environment."""
+    global _current
+    if _current is None:
+        _current = load()
+    return _current
+
+
+def set_current(config: Optional[Config]) -> None:
+    global _current
+    _current = config
+
+
+def exit_on_error(err: ConfigError) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    print(str(err), file=sys.stderr)
+    raise SystemExit(2)
+
+
+def help_text() -> str:
+    lines = ["options (CLI flag / environment variable, default):"]
+    for opt in OPTIONS:
+        lines.append(f"  {opt.flag} / {opt.env} (default: {opt.default or '-'})")
+        lines.append(f"      {opt.help}; valid: {opt.valid}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""One module per area; dmlshim.api.PATCH_MODULES lists them in install order."""

@@ -1,0 +1,183 @@
+"""The patch registry: every patch dmlshim installs goes through here, so uninstall is exact.
+
+Modelled on OpenTelemetry's ``BaseInstrumentor`` (idempotent ``install``/``uninstall``) and
+gevent.monkey's ``get_original``. A :class:`Patch` wraps attributes with wrapt and records, for
+each ``(owner, name)``, whether the owner had the attribute in its own ``__dict__`` and what it
+was, so ``uninstall`` puts back the very same object (or deletes an attribute that was
+inherited, e.g. ``torch.Tensor.to`` which lives on ``torch._C.TensorBase``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import wrapt
+
+log = logging.getLogger("dmlshim")
+
+_MISSING = object()
+
+# (id(owner), name) -> (owner, name, value in owner.__dict__ or _MISSING, looked-up original)
+_originals: Dict[Tuple[int, str], Tuple[Any, str, Any, Any]] = {}
+
+
+def get_original(owner: Any, name: str) -> Any:
+    """The object ``owner.name`` had before dmlshim patched it (the current one if unpatched)."""
+    rec = _originals.get((id(owner), name))
+    return rec[3] if rec is not None else getattr(owner, name)
+
+
+def is_patched(owner: Any, name: str) -> bool:
+    return (id(owner), name) in _originals
+
+
+def caller_module(depth: int = 1) -> str:
+    """``__name__`` of the module that called the function calling this one.
+
+    Frames of wrapt's pure-Python fallback and of dmlshim itself are skipped, so the answer is
+    the first frame outside the shim.
+    """
+    frame = sys._getframe(depth + 1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name.startswith("dmlshim.") or name.startswith("wrapt")):
+            return name
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""
+
+
+def called_from_torch(depth: int = 1) -> bool:
+    """True when the caller is torch's own code, which must keep seeing the truth."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("dmlshim.") or name.startswith("wrapt"):
+            frame = frame.f_back  # type: ignore[assignment]
+            continue
+        return name == "torch" or name.startswith("torch.")
+    return False
+
+
+class Patch:
+    """One area's patches. Subclasses implement :meth:`_install` using :meth:`wrap`/:meth:`replace`."""
+
+    #: short name used in logs, reports and ``install(patches=...)``
+    name = "patch"
+
+    def __init__(self) -> None:
+        self._installed = False
+        self._keys: List[Tuple[int, str]] = []
+        self._undo: List[Callable[[], None]] = []
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def applies(self, target: Any) -> bool:  # noqa: ARG002 - overridden
+        """Whether this patch is wanted for ``target`` (a :class:`dmlshim.target.Target`)."""
+        return True
+
+    def install(self, target: Any, config: Any) -> None:
+        if self._installed:
+            return
+        self._installed = True
+        try:
+            self._install(target, config)
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def uninstall(self) -> None:
+        if not self._installed:
+            return
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception:  # pragma: no cover - an undo must never stop the others
+                log.debug("dmlshim: undo step of %s failed", self.name, exc_info=True)
+        for key in reversed(self._keys):
+            owner, name, own_value, _ = _originals.pop(key)
+            if own_value is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, own_value)
+        self._keys.clear()
+        self._undo.clear()
+        self._installed = False
+
+    # -- helpers for subclasses -------------------------------------------------------------
+
+    def _install(self, target: Any, config: Any) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def replace(self, owner: Any, name: str, value: Any) -> Any:
+        """Set ``owner.name = value``, remembering the original. Returns the original."""
+        key = (id(owner), name)
+        if key in _originals:
+            raise RuntimeError(f"dmlshim: {owner!r}.{name} is already patched")
+        own = vars(owner).get(name, _MISSING)
+        original = getattr(owner, name, None)
+        _originals[key] = (owner, name, own, original)
+        self._keys.append(key)
+        setattr(owner, name, value)
+        return original
+
+    def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
+        """Wrap ``owner.name`` with a wrapt ``FunctionWrapper``: ``wrapper(wrapped, instance, args, kwargs)``."""
+        original = getattr(owner, name)
+        if isinstance(owner, type):
+            # Look the attribute up raw so staticmethod/classmethod/descriptors wrap correctly.
+            for klass in owner.__mro__:
+                if name in klass.__dict__:
+                    raw = klass.__dict__[name]
+                    break
+            else:  # pragma: no cover
+                raw = original
+            wrapped = wrapt.FunctionWrapper(raw, wrapper)
+        else:
+            wrapped = wrapt.FunctionWrapper(original, wrapper)
+        self.replace(owner, name, wrapped)
+        return original
+
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at uninstall (for state that is not an attribute, e.g. a registered hook)."""
+        self._undo.append(fn)
+
+
+def when_imported(module_name: str, fn: Callable[[Any], None]) -> None:
+    """Run ``fn(module)`` now if the module is imported, else right after its import (wrapt hook)."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        fn(module)
+    else:
+        wrapt.register_post_import_hook(fn, module_name)
+
+
+class PatchSet:
+    """An ordered group of patches installed and removed together."""
+
+    def __init__(self, patches: List[Patch]) -> None:
+        self.patches = patches
+
+    def install(self, target: Any, config: Any, only: Optional[List[str]] = None) -> List[str]:
+        done = []
+        try:
+            for patch in self.patches:
+                if only is not None and patch.name not in only:
+                    continue
+                if patch.applies(target):
+                    patch.install(target, config)
+                    done.append(patch.name)
+        except BaseException:
+            self.uninstall()
+            raise
+        return done
+
+    def uninstall(self) -> None:
+        for patch in reversed(self.patches):
+            patch.uninstall()
