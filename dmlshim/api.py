@@ -22,6 +22,7 @@ PATCH_MODULES = (
     "dmlshim.patches.cuda_api",
     "dmlshim.patches.data",
     "dmlshim.patches.optim",
+    "dmlshim.patches.optim_flags",
     "dmlshim.patches.amp",
     "dmlshim.patches.serialization",
     "dmlshim.patches.compile",

@@ -182,7 +182,7 @@ def set_current(config: Optional[Config]) -> None:
     _current = config
 
 
-def exit_on_error(err: ConfigError) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def exit_on_error(err: ConfigError) -> NoReturn:  # type: ignore[name-defined]  # noqa: F821
     print(str(err), file=sys.stderr)
     raise SystemExit(2)
 

@@ -108,7 +108,7 @@ def device_for(index: Optional[int]) -> torch.device:
     return _devices[_resolve_index(index)]
 
 
-def cuda_index(arg: Any, int_is_cuda: bool = False) -> "Optional[int] | bool":
+def cuda_index(arg: Any, int_is_cuda: bool = False) -> Optional[int] | bool:
     """``False`` if ``arg`` is not a CUDA device; else its ordinal (None when unspecified)."""
     cls = arg.__class__
     if cls is str:

@@ -25,7 +25,7 @@ _SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR,)
 api_counts: Counter = Counter()  # "Tensor.cuda" -> calls changed
 tag_counts: Counter = Counter()
 notes: Counter = Counter()  # free-form counters: "optimizer.rebind", "guard.ce_none", ...
-_sites: Dict[Tuple[str, int, str], "CallSite"] = {}
+_sites: Dict[Tuple[str, int, str], CallSite] = {}
 _lock = threading.Lock()
 _trace = False
 

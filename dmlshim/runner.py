@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import traceback
 import types
 from typing import Dict, List, Optional, Tuple
 

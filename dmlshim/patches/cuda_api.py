@@ -55,7 +55,7 @@ class Event:
     def synchronize(self) -> None:
         backend.synchronize(self._device)
 
-    def elapsed_time(self, end_event: "Event") -> float:
+    def elapsed_time(self, end_event: Event) -> float:
         if not (self.enable_timing and end_event.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self._time is None or end_event._time is None:
@@ -89,7 +89,7 @@ class Stream:
     def wait_event(self, event: Event) -> None:
         pass
 
-    def wait_stream(self, stream: "Stream") -> None:
+    def wait_stream(self, stream: Stream) -> None:
         pass
 
     def record_event(self, event: Optional[Event] = None) -> Event:
@@ -97,7 +97,7 @@ class Stream:
         event.record(self)
         return event
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         self._ctx = stream(self)
         self._ctx.__enter__()
         return self
