@@ -89,8 +89,8 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
         tgt = target.resolve(cfg.device)
         cfgmod.set_current(cfg)
         events.configure(trace=cfg.log in ("info", "debug") or bool(cfg.report))
-        _target, _config_in_force = tgt, cfg
         if tgt.inert:
+            _target, _config_in_force = tgt, cfg
             log.info("%s", tgt.reason)
             return tgt
         if tgt.kind == "emulated-dml":
@@ -105,9 +105,9 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
             names = patches.install(tgt, cfg)
         except BaseException:
             devicemap.deactivate()
-            _target = _config_in_force = None
+            cfgmod.set_current(None)
             raise
-        _patches = patches
+        _patches, _target, _config_in_force = patches, tgt, cfg
         log.info("target %s (%s); patches: %s", tgt.kind, tgt.reason, ", ".join(names))
         return tgt
 

@@ -437,6 +437,27 @@ ACCEPTED = {
     "sparse", "streams", "tunable",
 }
 
+# torch.accelerator (torch >= 2.6) answered for the script as on a CUDA machine.
+ACCELERATOR: Dict[str, Callable[..., Any]] = {
+    "is_available": _const(True),
+    "current_accelerator": lambda check_available=False: torch.device("cuda"),
+    "device_count": device_count,
+    "current_device_index": current_device,
+    "current_device_idx": current_device,
+    "set_device_index": set_device,
+    "set_device_idx": set_device,
+    "synchronize": synchronize,
+    "empty_cache": lambda: backend.empty_cache(),
+    "memory_allocated": memory_allocated,
+    "memory_reserved": memory_allocated,
+    "max_memory_allocated": max_memory_allocated,
+    "max_memory_reserved": max_memory_allocated,
+    "reset_peak_memory_stats": reset_peak_memory_stats,
+    "get_memory_info": mem_get_info,
+    "memory_stats": memory_stats,
+    "get_device_capability": lambda device=None: {"major": 0, "minor": 0},
+}
+
 NVTX_NOOPS = ("range_push", "range_pop", "range_start", "range_end", "mark", "range")
 
 
@@ -469,6 +490,11 @@ class CudaAPIPatch(Patch):
         for name, workaround in UNSUPPORTED.items():
             if hasattr(cuda, name):
                 self.wrap(cuda, name, route(name, _unsupported(name, workaround)))
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None:
+            for name, emulation in ACCELERATOR.items():
+                if hasattr(accelerator, name):
+                    self.wrap(accelerator, name, route(name, emulation))
         if passthrough:
             return
         for name, cls in EMULATED_CLASSES.items():

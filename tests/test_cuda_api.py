@@ -1,0 +1,138 @@
+"""torch.cuda.* as user code sees it under the shim (CPU target)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dmlshim.patches import cuda_api
+
+
+def test_queries(shim):
+    shim(device="cpu")
+    assert torch.cuda.is_available()
+    assert torch.cuda.is_initialized()
+    assert torch.cuda.device_count() == 1
+    assert torch.cuda.current_device() == 0
+    torch.cuda.set_device(0)
+    torch.cuda.set_device("cuda:0")
+    assert isinstance(torch.cuda.get_device_name(0), str) and torch.cuda.get_device_name()
+    props = torch.cuda.get_device_properties(0)
+    assert props.name == torch.cuda.get_device_name(0)
+    assert props.total_memory > 2**26
+    assert (props.major, props.minor) == torch.cuda.get_device_capability() == (0, 0)
+    assert props.multi_processor_count >= 1
+    assert torch.backends.cudnn.is_available()
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+
+def test_memory_calls_are_plausible(shim):
+    shim(device="cpu")
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    big = torch.ones(64, 1024, 1024)  # 256 MiB, touched
+    after = torch.cuda.memory_allocated()
+    assert isinstance(before, int) and before > 0
+    assert after - before > 200 * 2**20
+    assert torch.cuda.max_memory_allocated() >= after
+    del big
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < free <= total
+    assert torch.cuda.memory_reserved() > 0
+    assert "allocated_bytes.all.current" in torch.cuda.memory_stats()
+    assert "MiB" in torch.cuda.memory_summary()
+    torch.cuda.empty_cache()
+
+
+def test_events_time_on_the_host_clock(shim):
+    shim(device="cpu")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    time.sleep(0.02)
+    end.record()
+    torch.cuda.synchronize()
+    assert 15 <= start.elapsed_time(end) < 2000
+    assert end.query()
+    untimed = torch.cuda.Event()
+    untimed.record()
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        untimed.elapsed_time(end)
+
+
+def test_streams_and_device_contexts(shim):
+    shim(device="cpu")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert torch.cuda.current_stream() == s
+        x = torch.ones(2, device="cuda") * 2
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    s.synchronize()
+    ev = s.record_event()
+    assert ev.query()
+    with torch.cuda.device(0):
+        assert torch.cuda.current_device() == 0
+    with torch.cuda.nvtx.range("step"):
+        torch.cuda.nvtx.range_push("fwd")
+        torch.cuda.nvtx.range_pop()
+    assert x.tolist() == [2.0, 2.0]
+
+
+def test_rng_calls_seed_the_generator_the_target_uses(shim):
+    shim(device="cpu")
+    torch.cuda.manual_seed_all(5)
+    a = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed(5)
+    assert torch.equal(a, torch.rand(3, device="cuda"))
+    state = torch.cuda.get_rng_state()
+    b = torch.rand(2)
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(b, torch.rand(2))
+    assert torch.cuda.initial_seed() == 5
+
+
+def test_unsupported_apis_raise_with_a_workaround(shim):
+    shim(device="cpu")
+    with pytest.raises(cuda_api.UnsupportedCudaAPI, match=r"torch\.cuda\.CUDAGraph .* eagerly"):
+        torch.cuda.CUDAGraph()
+    with pytest.raises(cuda_api.UnsupportedCudaAPI, match="utilization"):
+        torch.cuda.utilization()
+    model = torch.nn.Linear(2, 2)
+    assert torch.cuda.make_graphed_callables(model, (torch.ones(1, 2),)) is model
+
+
+def test_every_public_torch_cuda_name_is_classified():
+    names = cuda_api.public_names()
+    groups = [set(cuda_api.EMULATED), set(cuda_api.EMULATED_CLASSES), set(cuda_api.UNSUPPORTED),
+              set(cuda_api.ACCEPTED)]
+    for name in sorted(names):
+        hits = sum(name in g for g in groups)
+        assert hits == 1, f"torch.cuda.{name} is in {hits} groups (must be exactly one)"
+
+
+def test_torch_code_gets_the_real_answers(shim):
+    shim(device="cpu")
+    import torch.utils.data._utils.pin_memory  # noqa: F401  (a torch module calling torch.cuda)
+
+    # Run is_available from a function whose globals claim to be a torch module.
+    glb = {"__name__": "torch._fake_internal", "torch": torch}
+    exec("def probe():\n    return torch.cuda.is_available(), torch.cuda.device_count()", glb)
+    assert glb["probe"]() == (False, 0)
+    assert (torch.cuda.is_available(), torch.cuda.device_count()) == (True, 1)
+
+
+def test_accelerator_api_answers_like_cuda(shim):
+    shim(device="cpu")
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:  # torch < 2.6 has no torch.accelerator; nothing to answer
+        assert torch.__version__ < "2.6"
+        return
+    assert acc.is_available()
+    assert acc.current_accelerator().type == "cuda"
+    assert acc.device_count() == 1
+    assert torch.ones(1, device=acc.current_accelerator()).device.type == "cpu"
+    acc.synchronize()
