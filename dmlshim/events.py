@@ -2,7 +2,22 @@
 
 Patches call :func:`redirected` when they change a call. Counting is one dict update; finding
 the call site (a frame walk) happens only when ``DMLSHIM_LOG`` is ``info``/``debug`` or a report
-was asked for, and each call site is logged once.
+was asked for, and each call site is logged once, at info level::
+
+    dmlshim: train.py:42: Tensor.cuda() -> cpu [redirected]
+    dmlshim: train.py:57: torch.cuda.graph_pool_handle() -> error [unsupported]
+
+that is ``file:line: <the call as written> -> <what it became> [<tag>]``; the file is shown
+relative to the working directory when it lies below it. Tags (:data:`TAGS`): *redirected* (a
+CUDA device argument now names the target), *emulated* (answered by dmlshim instead of CUDA),
+*unsupported* (no equivalent: the call raised an error that says what to do), *dropped* (a
+CUDA-only request, e.g. pinned memory, turned into a no-op).
+
+Besides call sites: :func:`note` counts named events (``optimizer.rebind``, ``guard.ce_none``;
+the exit summary groups them by the part before the first dot), :func:`attention` records
+something the user should look at (the exit summary is then shown at the default log level
+too), and :func:`fallback` counts ops that ran on the CPU instead of the device
+(``dmlshim.patches.diagnostics`` feeds it).
 """
 
 from __future__ import annotations
@@ -19,12 +34,14 @@ log = logging.getLogger("dmlshim")
 
 TAGS = ("redirected", "emulated", "unsupported", "dropped")
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR,)
 
 api_counts: Counter = Counter()  # "Tensor.cuda" -> calls changed
 tag_counts: Counter = Counter()
 notes: Counter = Counter()  # free-form counters: "optimizer.rebind", "guard.ce_none", ...
+cpu_fallbacks: Counter = Counter()  # "aten::lerp.Scalar_out" -> times seen (see diagnostics)
+_attention: Dict[str, str] = {}  # key -> message, in the order first reported
 _sites: Dict[Tuple[str, int, str], CallSite] = {}
 _lock = threading.Lock()
 _trace = False
@@ -32,16 +49,23 @@ _trace = False
 
 @dataclass
 class CallSite:
-    file: str
+    file: str  # absolute path (or "<stdin>", "<string>", "<unknown>")
     line: int
-    api: str
-    original: str
-    became: str
-    tag: str
-    count: int = 1
+    api: str  # e.g. "Tensor.cuda", "torch.zeros", "torch.cuda.synchronize"
+    original: str  # the argument the script passed, as text ("" when there was none)
+    became: str  # what the shim made of it, as text
+    tag: str  # one of TAGS
+    count: int = 1  # calls seen at this site
+    call: str = ""  # the call as shown in the log, e.g. "Tensor.cuda('cuda:0')"
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def where(self, cwd: Optional[str] = None) -> str:
+        return f"{display_path(self.file, cwd)}:{self.line}"
+
+    def log_line(self, cwd: Optional[str] = None) -> str:
+        return f"{self.where(cwd)}: {self.call} -> {self.became} [{self.tag}]"
 
 
 def configure(trace: bool) -> None:
@@ -51,14 +75,28 @@ def configure(trace: bool) -> None:
     import torch
     import wrapt
 
-    _SKIP_PREFIXES = (_PKG_DIR, os.path.dirname(torch.__file__), os.path.dirname(wrapt.__file__))
+    _SKIP_PREFIXES = (_PKG_DIR, os.path.dirname(torch.__file__) + os.sep,
+                      os.path.dirname(wrapt.__file__) + os.sep)
+
+
+def tracing() -> bool:
+    return _trace
 
 
 def reset() -> None:
     api_counts.clear()
     tag_counts.clear()
     notes.clear()
+    cpu_fallbacks.clear()
+    _attention.clear()
     _sites.clear()
+
+
+def after_fork_in_child() -> None:
+    """A forked child starts with empty records (and a lock no other thread can be holding)."""
+    global _lock
+    _lock = threading.Lock()
+    reset()
 
 
 def _call_site() -> Tuple[str, int]:
@@ -72,7 +110,12 @@ def _call_site() -> Tuple[str, int]:
 
 
 def redirected(api: str, original: object = "", became: object = "", tag: str = "redirected") -> None:
-    """Record that ``api`` was changed at the caller's call site."""
+    """Record that ``api`` was changed at the caller's call site.
+
+    ``original``: the argument the script passed that made the difference (a device, ``True``
+    for ``pin_memory=True``; ``""`` when the call had none, e.g. ``x.cuda()``); ``became``: what
+    it turned into (a device, ``"no-op"``, ``"error"``, an emulated answer).
+    """
     api_counts[api] += 1
     tag_counts[tag] += 1
     if not _trace:
@@ -84,13 +127,32 @@ def redirected(api: str, original: object = "", became: object = "", tag: str = 
         if site is not None:
             site.count += 1
             return
-        site = CallSite(file, line, api, _short(original), _short(became), tag)
+        site = CallSite(file, line, api, _short(original), _short_result(became), tag,
+                        call=render_call(api, original))
         _sites[key] = site
-    log.info("%s:%d: %s(%s) -> %s [%s]", file, line, api, site.original, site.became, tag)
+    log.info("%s", site.log_line())
 
 
 def note(name: str, n: int = 1) -> None:
     notes[name] += n
+
+
+def attention(key: str, message: str) -> None:
+    """Something the user should look at (shown in the exit summary even at the default level).
+
+    ``key`` deduplicates (``"optimizer.stale_params"``); the first message for a key is kept.
+    """
+    with _lock:
+        _attention.setdefault(key, message)
+
+
+def attention_messages() -> List[str]:
+    return list(_attention.values())
+
+
+def fallback(op: str, n: int = 1) -> None:
+    """``op`` (``"aten::lerp.Scalar_out"``) ran on the CPU instead of the device ``n`` times."""
+    cpu_fallbacks[op] += n
 
 
 def call_sites() -> List[CallSite]:
@@ -102,13 +164,57 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _short_result(value: object) -> str:
+    if isinstance(value, str) and value:
+        return value if len(value) <= 80 else value[:77] + "..."
+    return _short(value)
+
+
+def render_call(api: str, original: object) -> str:
+    """The call as the log shows it: ``Tensor.cuda()``, ``torch.zeros(device='cuda')``...
+
+    ``api`` may already carry its argument (``"DataLoader(pin_memory=True)"``) or name it
+    (``"DataLoader(pin_memory_device)"``: the value is filled in); ``original`` may be the call
+    text itself (``"pin_memory()"``).
+    """
+    if api.endswith(")"):
+        inner = api[api.index("(") + 1:-1] if "(" in api else ""
+        if original in ("", None) or "=" in inner or not inner:
+            return api
+        return f"{api[:-1]}={_short(original)})"
+    last = api.rsplit(".", 1)[-1]
+    if isinstance(original, str) and original.startswith(last + "("):
+        return api[: len(api) - len(last)] + original
+    if isinstance(original, str) and original == "":
+        return f"{api}()"
+    return f"{api}({_short(original)})"
+
+
+def display_path(file: str, cwd: Optional[str] = None) -> str:
+    """``file`` relative to the working directory when it lies below it, else as it is."""
+    try:
+        cwd = cwd or os.getcwd()
+    except OSError:
+        return file
+    if file.startswith(cwd.rstrip(os.sep) + os.sep):
+        return file[len(cwd.rstrip(os.sep)) + 1:]
+    return file
+
+
 def summary_dict() -> Dict[str, object]:
     return {
         "api_counts": dict(api_counts),
         "tag_counts": dict(tag_counts),
         "notes": dict(notes),
         "call_sites": [s.as_dict() for s in _sites.values()],
+        "cpu_fallbacks": dict(cpu_fallbacks),
+        "attention": attention_messages(),
     }
+
+
+def has_activity() -> bool:
+    """Whether anything at all was recorded (child processes write a report only then)."""
+    return bool(api_counts or notes or cpu_fallbacks or _attention)
 
 
 def warn_once_per_site(message: str, category: type = UserWarning, stacklevel: int = 3) -> None:

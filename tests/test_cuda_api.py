@@ -108,7 +108,7 @@ def test_unsupported_apis_raise_with_a_workaround(shim):
 def test_every_public_torch_cuda_name_is_classified():
     names = cuda_api.public_names()
     groups = [set(cuda_api.EMULATED), set(cuda_api.EMULATED_CLASSES), set(cuda_api.UNSUPPORTED),
-              set(cuda_api.ACCEPTED)]
+              set(cuda_api.ACCEPTED), set(cuda_api.LEGACY_TENSOR_TYPES)]
     for name in sorted(names):
         hits = sum(name in g for g in groups)
         assert hits == 1, f"torch.cuda.{name} is in {hits} groups (must be exactly one)"
@@ -136,3 +136,17 @@ def test_accelerator_api_answers_like_cuda(shim):
     assert acc.device_count() == 1
     assert torch.ones(1, device=acc.current_accelerator()).device.type == "cpu"
     acc.synchronize()
+
+
+def test_legacy_typed_constructors(shim):
+    shim(device="cpu")
+    Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor
+    valid = Tensor(4, 1).fill_(1.0)
+    assert valid.shape == (4, 1) and valid.dtype == torch.float32 and valid.device.type == "cpu"
+    assert torch.cuda.LongTensor([1, 2]).tolist() == [1, 2]
+    assert isinstance(valid, torch.cuda.FloatTensor)
+    assert not isinstance(valid, torch.cuda.LongTensor)
+    assert torch.ones(2).type(torch.cuda.DoubleTensor).dtype == torch.float64
+    assert torch.ones(2).type("torch.cuda.HalfTensor").dtype == torch.float16
+    assert torch.ones(2).type(torch.int32).dtype == torch.int32
+    assert torch.ones(2).type() == "torch.FloatTensor"

@@ -400,6 +400,34 @@ EMULATED_CLASSES: Dict[str, type] = {
     "device": device, "device_of": device_of,
 }
 
+# Legacy typed constructors (old GAN/RL code: `Tensor = torch.cuda.FloatTensor`).
+LEGACY_TENSOR_TYPES: Dict[str, torch.dtype] = {
+    "FloatTensor": torch.float32, "DoubleTensor": torch.float64, "HalfTensor": torch.float16,
+    "BFloat16Tensor": torch.bfloat16, "LongTensor": torch.int64, "IntTensor": torch.int32,
+    "ShortTensor": torch.int16, "CharTensor": torch.int8, "ByteTensor": torch.uint8,
+    "BoolTensor": torch.bool,
+}
+
+
+class _LegacyTensorType(type):
+    dtype: torch.dtype
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> torch.Tensor:
+        dev = devicemap.device_for(None)
+        events.redirected("torch.cuda." + cls.__name__, "", dev)
+        if len(args) == 1 and not isinstance(args[0], (int, torch.Size)):
+            return torch.as_tensor(args[0], dtype=cls.dtype).to(dev)  # from data
+        return torch.empty(*args, dtype=cls.dtype, device=dev)  # from sizes, uninitialised
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, torch.Tensor) and obj.dtype == cls.dtype \
+            and devicemap.is_target_device(obj.device)
+
+
+def _legacy_type(name: str, dtype: torch.dtype) -> type:
+    return _LegacyTensorType(name, (), {"dtype": dtype, "__module__": "torch.cuda"})
+
+
 _GRAPHS = "run the captured code eagerly (CUDA graphs only exist on NVIDIA GPUs)"
 _ALLOC = "remove the allocator customisation; the target manages its own memory"
 UNSUPPORTED: Dict[str, str] = {
@@ -425,10 +453,9 @@ UNSUPPORTED: Dict[str, str] = {
 
 # Names left as they are: types, exceptions, values, submodules handled elsewhere.
 ACCEPTED = {
-    "BFloat16Storage", "BFloat16Tensor", "BoolStorage", "BoolTensor", "ByteStorage", "ByteTensor",
-    "CharStorage", "CharTensor", "ComplexDoubleStorage", "ComplexFloatStorage", "DoubleStorage",
-    "DoubleTensor", "FloatStorage", "FloatTensor", "HalfStorage", "HalfTensor", "IntStorage",
-    "IntTensor", "LongStorage", "LongTensor", "ShortStorage", "ShortTensor",
+    "BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage", "ComplexDoubleStorage",
+    "ComplexFloatStorage", "DoubleStorage", "FloatStorage", "HalfStorage", "IntStorage",
+    "LongStorage", "ShortStorage",
     "CudaError", "DeferredCudaCallError", "OutOfMemoryError",
     "amp",  # dmlshim.patches.amp
     "nccl",  # dmlshim.patches.distributed
@@ -500,6 +527,27 @@ class CudaAPIPatch(Patch):
         for name, cls in EMULATED_CLASSES.items():
             if hasattr(cuda, name):
                 self.replace(cuda, name, cls)
+        legacy = {name: _legacy_type(name, dt) for name, dt in LEGACY_TENSOR_TYPES.items()}
+        for name, cls in legacy.items():
+            if hasattr(cuda, name):
+                self.replace(cuda, name, cls)
+
+        def tensor_type(wrapped, instance, args, kwargs):
+            # x.type(torch.cuda.FloatTensor) / x.type("torch.cuda.FloatTensor")
+            arg = args[0] if args else kwargs.get("dtype")
+            name = arg if isinstance(arg, str) else getattr(arg, "__name__", None)
+            if isinstance(arg, str) and arg.startswith("torch.cuda."):
+                name = arg[len("torch.cuda."):]
+            elif not (isinstance(arg, type) and isinstance(arg, _LegacyTensorType)):
+                name = None
+            if name in legacy:
+                dev = devicemap.device_for(None)
+                events.redirected("Tensor.type", arg, dev)
+                return instance.to(device=dev, dtype=LEGACY_TENSOR_TYPES[name],
+                                   non_blocking=kwargs.get("non_blocking", False))
+            return wrapped(*args, **kwargs)
+
+        self.wrap(torch.Tensor, "type", tensor_type)
         nvtx = cuda.nvtx
         for name in NVTX_NOOPS:
             if hasattr(nvtx, name):

@@ -1,0 +1,198 @@
+"""Harness shared by the test files: run corpus scripts natively and through dmlshim, and parse
+what they print.
+
+Corpus scripts (tests/corpus/) print their losses as ``loss <epoch> <step> <float.hex()>``, the
+device they chose as ``device <str(device)>`` and, for cuda_api.py, sanity checks as
+``check <name> <ok|FAIL>``. A native run is plain ``python script.py`` (no dmlshim at all); a
+shimmed run is ``python -m dmlshim script.py`` (``via="runner"``) or a copy of the script with
+``import dmlshim`` as its first statement (``via="import"``). Children never inherit the
+``DMLSHIM_*`` variables of the test process (tests/conftest.py sets ``DMLSHIM_DISABLE=1``).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "tests" / "corpus"
+DEFAULT_TIMEOUT = 120.0
+
+PathLike = Union[str, os.PathLike]
+
+_CODING_RE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")
+
+
+def clean_env(**extra: Optional[str]) -> Dict[str, str]:
+    """A copy of ``os.environ`` without any ``DMLSHIM_*`` variable, with the repo first on
+    ``PYTHONPATH`` (so ``dmlshim`` imports from any cwd), then ``extra`` applied (``None``
+    removes a variable)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
+    old = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + old if old else "")
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def script_path(script: PathLike) -> Path:
+    """``script`` as a path: a bare name like ``"mlp.py"`` or ``"mlp"`` means tests/corpus/."""
+    path = Path(script)
+    if path.is_absolute():
+        return path
+    if path.suffix != ".py":
+        path = path.with_suffix(".py")
+    candidate = CORPUS / path
+    if candidate.exists():
+        return candidate
+    return path.resolve()
+
+
+def option_env(options: Optional[Mapping[str, Any]]) -> Dict[str, str]:
+    """``{"optimizer": "reset", "emulator-gaps": "none"}`` -> ``{"DMLSHIM_OPTIMIZER": "reset",
+    "DMLSHIM_EMULATOR_GAPS": "none"}``; booleans become ``"1"``/``"0"``."""
+    env: Dict[str, str] = {}
+    for name, value in (options or {}).items():
+        key = "DMLSHIM_" + name.replace("-", "_").upper()
+        if isinstance(value, bool):
+            env[key] = "1" if value else "0"
+        else:
+            env[key] = str(value)
+    return env
+
+
+def with_import_line(source: str, line: str = "import dmlshim") -> str:
+    """``source`` with ``line`` as its first statement.
+
+    It goes on the very first line, except that a shebang or encoding line stays first and
+    ``from __future__`` imports (which must come first) stay before it.
+    """
+    lines = source.splitlines(keepends=True)
+    at = 0
+    while at < len(lines) and at < 2 and (
+        (at == 0 and lines[at].startswith("#!")) or _CODING_RE.match(lines[at])
+    ):
+        at += 1
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            at = max(at, node.end_lineno or node.lineno)
+    return "".join(lines[:at]) + line + "\n" + "".join(lines[at:])
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
+         timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(cmd), env=dict(env), cwd=str(cwd) if cwd is not None else tempfile.gettempdir(),
+        capture_output=True, text=True, timeout=timeout, check=False, **kw,
+    )
+
+
+@functools.cache
+def _run_native_cached(path: str, args: Tuple[str, ...], env_items: Tuple[Tuple[str, str], ...],
+                       cwd: Optional[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, path, *args], clean_env(**dict(env_items)), cwd, timeout)
+
+
+def run_native(script: PathLike, *args: str, env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[PathLike] = None, timeout: float = DEFAULT_TIMEOUT,
+               cached: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python script args`` with no dmlshim at all. Runs once per test session for each
+    (script, args, env, cwd) unless ``cached=False``; treat the result as read-only."""
+    path = str(script_path(script))
+    str_args = tuple(str(a) for a in args)
+    env_items = tuple(sorted((env or {}).items()))
+    cwd_s = str(cwd) if cwd is not None else None
+    if cached:
+        return _run_native_cached(path, str_args, env_items, cwd_s, timeout)
+    return _run([sys.executable, path, *str_args], clean_env(**dict(env_items)), cwd_s, timeout)
+
+
+def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: str = "runner",
+             options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[PathLike] = None, timeout: float = DEFAULT_TIMEOUT,
+             **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under dmlshim.
+
+    ``via="runner"``: ``python -m dmlshim script args``. ``via="import"``: a copy of the script,
+    in a temporary directory, with ``import dmlshim`` as its first statement. Options travel in
+    the environment: ``device`` -> ``DMLSHIM_DEVICE`` (``None``: leave unset, i.e. auto) and
+    each ``options`` entry -> ``DMLSHIM_<NAME>``; ``env`` adds more variables. Other keyword
+    arguments go to :func:`subprocess.run`.
+    """
+    path = script_path(script)
+    str_args = [str(a) for a in args]
+    extra: Dict[str, Optional[str]] = {}
+    if device is not None:
+        extra["DMLSHIM_DEVICE"] = device
+    extra.update(option_env(options))
+    extra.update(env or {})
+    if via == "runner":
+        return _run([sys.executable, "-m", "dmlshim", str(path), *str_args], clean_env(**extra),
+                    cwd, timeout, **kw)
+    if via == "import":
+        with tempfile.TemporaryDirectory(prefix="dmlshim-import-") as tmp:
+            copy = Path(tmp) / path.name
+            copy.write_text(with_import_line(path.read_text(encoding="utf-8")), encoding="utf-8")
+            # The original directory stays importable, as it would be for the script itself.
+            env_ = clean_env(**extra)
+            env_["PYTHONPATH"] = env_["PYTHONPATH"] + os.pathsep + str(path.parent)
+            return _run([sys.executable, str(copy), *str_args], env_, cwd, timeout, **kw)
+    raise ValueError(f"via must be 'runner' or 'import', not {via!r}")
+
+
+def losses(stdout: str) -> List[float]:
+    """The floats of the ``loss <epoch> <step> <hex>`` lines, in order."""
+    out: List[float] = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "loss":
+            out.append(float.fromhex(parts[-1]))
+    return out
+
+
+def checks(stdout: str) -> Dict[str, str]:
+    """``{name: "ok" | "FAIL"}`` from the ``check <name> <status>`` lines."""
+    out: Dict[str, str] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "check":
+            out[parts[1]] = parts[2]
+    return out
+
+
+def printed_device(stdout: str) -> Optional[str]:
+    """What the script printed on its first ``device <str(device)>`` line, if any."""
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "device":
+            return parts[1]
+    return None
+
+
+def describe(proc: subprocess.CompletedProcess[str], tail: int = 3000) -> str:
+    """The command, exit status and the ends of stdout/stderr, for assertion messages."""
+    cmd = proc.args if isinstance(proc.args, str) else " ".join(map(str, proc.args))
+    return (f"\n$ {cmd}\nexit status {proc.returncode}\n"
+            f"--- stdout (tail) ---\n{(proc.stdout or '')[-tail:]}\n"
+            f"--- stderr (tail) ---\n{(proc.stderr or '')[-tail:]}")
+
+
+def first_difference(got: Sequence[float], expected: Sequence[float]) -> str:
+    """Where two loss lists first differ, for assertion messages."""
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if a != b:
+            return f"first difference at loss #{i}: got {a!r} ({a.hex()}), expected {b!r} ({b.hex()})"
+    if len(got) != len(expected):
+        return f"got {len(got)} losses, expected {len(expected)}"
+    return "no difference"
