@@ -38,6 +38,7 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR,)
 
 api_counts: Counter = Counter()  # "Tensor.cuda" -> calls changed
+api_tags: Dict[str, str] = {}  # "Tensor.cuda" -> its tag
 tag_counts: Counter = Counter()
 notes: Counter = Counter()  # free-form counters: "optimizer.rebind", "guard.ce_none", ...
 cpu_fallbacks: Counter = Counter()  # "aten::lerp.Scalar_out" -> times seen (see diagnostics)
@@ -85,6 +86,7 @@ def tracing() -> bool:
 
 def reset() -> None:
     api_counts.clear()
+    api_tags.clear()
     tag_counts.clear()
     notes.clear()
     cpu_fallbacks.clear()
@@ -118,6 +120,7 @@ def redirected(api: str, original: object = "", became: object = "", tag: str = 
     """
     api_counts[api] += 1
     tag_counts[tag] += 1
+    api_tags[api] = tag
     if not _trace:
         return
     file, line = _call_site()
@@ -204,6 +207,7 @@ def display_path(file: str, cwd: Optional[str] = None) -> str:
 def summary_dict() -> Dict[str, object]:
     return {
         "api_counts": dict(api_counts),
+        "api_tags": dict(api_tags),
         "tag_counts": dict(tag_counts),
         "notes": dict(notes),
         "call_sites": [s.as_dict() for s in _sites.values()],
