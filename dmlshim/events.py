@@ -111,12 +111,14 @@ def _call_site() -> Tuple[str, int]:
     return "<unknown>", 0
 
 
-def redirected(api: str, original: object = "", became: object = "", tag: str = "redirected") -> None:
+def redirected(api: str, original: object = "", became: object = "", tag: str = "redirected",
+               arg: str = "") -> None:
     """Record that ``api`` was changed at the caller's call site.
 
     ``original``: the argument the script passed that made the difference (a device, ``True``
     for ``pin_memory=True``; ``""`` when the call had none, e.g. ``x.cuda()``); ``became``: what
-    it turned into (a device, ``"no-op"``, ``"error"``, an emulated answer).
+    it turned into (a device, ``"no-op"``, ``"error"``, an emulated answer); ``arg``: the
+    keyword the script passed it as, if any (``"device"``: logged as ``torch.zeros(device='cuda')``).
     """
     api_counts[api] += 1
     tag_counts[tag] += 1
@@ -131,7 +133,7 @@ def redirected(api: str, original: object = "", became: object = "", tag: str = 
             site.count += 1
             return
         site = CallSite(file, line, api, _short(original), _short_result(became), tag,
-                        call=render_call(api, original))
+                        call=render_call(api, original, arg))
         _sites[key] = site
     log.info("%s", site.log_line())
 
@@ -163,26 +165,36 @@ def call_sites() -> List[CallSite]:
 
 
 def _short(value: object) -> str:
+    if isinstance(value, str) and value == "":
+        return ""
     text = repr(value) if isinstance(value, str) else str(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _short_result(value: object) -> str:
-    if isinstance(value, str) and value:
+    if isinstance(value, str):
+        if not value:
+            return "''"
         return value if len(value) <= 80 else value[:77] + "..."
     return _short(value)
 
 
-def render_call(api: str, original: object) -> str:
+def _empty(value: object) -> bool:
+    return value is None or (isinstance(value, str) and value == "")
+
+
+def render_call(api: str, original: object, arg: str = "") -> str:
     """The call as the log shows it: ``Tensor.cuda()``, ``torch.zeros(device='cuda')``...
 
     ``api`` may already carry its argument (``"DataLoader(pin_memory=True)"``) or name it
     (``"DataLoader(pin_memory_device)"``: the value is filled in); ``original`` may be the call
-    text itself (``"pin_memory()"``).
+    text itself (``"pin_memory()"``); ``arg`` names the keyword it was passed as.
     """
+    if arg and not _empty(original) and not api.endswith(")"):
+        return f"{api}({arg}={_short(original)})"
     if api.endswith(")"):
         inner = api[api.index("(") + 1:-1] if "(" in api else ""
-        if original in ("", None) or "=" in inner or not inner:
+        if _empty(original) or "=" in inner or not inner:
             return api
         return f"{api[:-1]}={_short(original)})"
     last = api.rsplit(".", 1)[-1]

@@ -79,7 +79,7 @@ def test_each_patch_uninstalls_on_its_own():
             recs = [patching._originals[k] for k in keys]
             patch.uninstall()
             patch.uninstall()  # idempotent
-            for owner, name, own, original in recs:
+            for owner, name, _own, original in recs:
                 assert getattr(owner, name) is original, f"{patch.name}: {owner!r}.{name}"
                 assert (id(owner), name) not in patching._originals
     finally:

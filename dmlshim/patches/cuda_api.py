@@ -325,6 +325,13 @@ def _unsupported(name: str, workaround: str) -> Callable[..., Any]:
     return fail
 
 
+def _shown(result: Any) -> Any:
+    """What the call-site log shows an emulated call returned: small values as they are."""
+    if result is None or isinstance(result, (bool, int, float, str, torch.device)):
+        return result if result is not None else "None"
+    return type(result).__name__
+
+
 def _const(value: Any) -> Callable[..., Any]:
     return lambda *args, **kwargs: value
 
@@ -503,11 +510,15 @@ class CudaAPIPatch(Patch):
         cuda = torch.cuda
         passthrough = not target.redirects
 
-        def route(name: str, emulation: Callable[..., Any]):
+        def route(name: str, emulation: Callable[..., Any], api: str = ""):
+            api = api or "torch.cuda." + name
+
             def wrapper(wrapped, instance, args, kwargs):
                 if passthrough or called_from_torch():
                     return wrapped(*args, **kwargs)
-                return emulation(*args, **kwargs)
+                result = emulation(*args, **kwargs)
+                events.redirected(api, args[0] if args else "", _shown(result), tag="emulated")
+                return result
 
             return wrapper
 
@@ -521,7 +532,7 @@ class CudaAPIPatch(Patch):
         if accelerator is not None:
             for name, emulation in ACCELERATOR.items():
                 if hasattr(accelerator, name):
-                    self.wrap(accelerator, name, route(name, emulation))
+                    self.wrap(accelerator, name, route(name, emulation, "torch.accelerator." + name))
         if passthrough:
             return
         for name, cls in EMULATED_CLASSES.items():

@@ -6,7 +6,8 @@ its device argument(s), asks :func:`dmlshim.devicemap.map_device`, and calls the
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+import importlib
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.utils._device as _torch_device
@@ -18,9 +19,15 @@ from dmlshim.patching import Patch, called_from_torch, get_original
 # torch.* factories that take device= but are not in torch's own list of device constructors.
 _EXTRA_FACTORIES = (
     "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
-    "randint_like", "normal", "from_file", "sparse_compressed_tensor",
+    "randint_like", "normal", "from_file", "sparse_compressed_tensor", "from_dlpack",
 )
-TENSOR_NEW_METHODS = ("new_tensor", "new_zeros", "new_ones", "new_empty", "new_full",
+# Device-taking constructors in torch's submodules: (module, name, position of `device` when
+# it may be passed positionally, else None).
+_SUBMODULE_FACTORIES = (
+    ("torch.fft", "fftfreq", None), ("torch.fft", "rfftfreq", None),
+    ("torch.nested", "nested_tensor", None), ("torch.nested", "as_nested_tensor", 2),
+)
+TENSOR_NEW_METHODS = ("new", "new_tensor", "new_zeros", "new_ones", "new_empty", "new_full",
                       "new_empty_strided")
 
 
@@ -32,14 +39,20 @@ def factory_names() -> Tuple[str, ...]:
     return tuple(sorted(n for n in names if callable(getattr(torch, n, None))))
 
 
-def _device_kwarg(api: str):
+def _device_kwarg(api: str, position: Optional[int] = None):
     def wrapper(wrapped, instance, args, kwargs):
+        if position is not None and len(args) > position:
+            first = args[position]
+            new = map_device(first, int_is_cuda=True)
+            if new is not first:
+                args = args[:position] + (new,) + args[position + 1:]
+                events.redirected(api, first, new)
         dev = kwargs.get("device")
         if dev is not None:
             new = map_device(dev, int_is_cuda=True)
             if new is not dev:
                 kwargs["device"] = new
-                events.redirected(api, dev, new)
+                events.redirected(api, dev, new, arg="device")
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -57,7 +70,7 @@ def _tensor_to(wrapped, instance, args, kwargs):
         new = map_device(dev, int_is_cuda=True)
         if new is not dev:
             kwargs["device"] = new
-            events.redirected("Tensor.to", dev, new)
+            events.redirected("Tensor.to", dev, new, arg="device")
     return wrapped(*args, **kwargs)
 
 
@@ -73,7 +86,7 @@ def _module_to(wrapped, instance, args, kwargs):
         new = map_device(dev, int_is_cuda=True)
         if new is not dev:
             kwargs["device"] = new
-            events.redirected("Module.to", dev, new)
+            events.redirected("Module.to", dev, new, arg="device")
     return wrapped(*args, **kwargs)
 
 
@@ -128,6 +141,10 @@ class DevicesPatch(Patch):
             self.wrap(torch, name, _device_kwarg("torch." + name))
         for name in TENSOR_NEW_METHODS:
             self.wrap(torch.Tensor, name, _device_kwarg("Tensor." + name))
+        for modname, name, position in _SUBMODULE_FACTORIES:
+            module = importlib.import_module(modname)
+            if hasattr(module, name):
+                self.wrap(module, name, _device_kwarg(f"{modname}.{name}", position))
 
         self._install_is_cuda(target)
         self._install_generator(target)

@@ -11,6 +11,10 @@
 * ``torch.multiprocessing.spawn``/``start_processes`` launch one process per "GPU" and the
   children call ``torch.cuda.set_device(rank)``: the children map CUDA ordinal N to adapter
   N % count, as torchrun's ``LOCAL_RANK`` launches do (see devicemap).
+* DirectML has no inter-process memory (CUDA has IPC handles). A DirectML tensor sent to another
+  process arrives as a copy on the same adapter, and ``module.share_memory()`` — the hogwild
+  idiom — keeps the module in CPU shared memory, where every process updates the same
+  parameters; the module's forward then runs on the CPU (see :class:`HostForward`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ import logging
 import os
 import sys
 import threading
-from typing import Dict, List, Optional
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.utils._pytree as pytree
 
 from dmlshim import devicemap, events
 from dmlshim.bootstrap import BOOTSTRAP_DIR, SWITCH_ENV
@@ -29,8 +37,6 @@ log = logging.getLogger("dmlshim")
 
 # internal (not an option): "1" in children of torch.multiprocessing.spawn/start_processes
 WRAP_ORDINALS_ENV = "DMLSHIM_WRAP_ORDINALS"
-# The JSON report belongs to the process that asked for it: children would overwrite it.
-CHILD_OVERRIDES = {"DMLSHIM_REPORT": ""}
 
 
 def _split_path(value: Optional[str]) -> List[str]:
@@ -39,8 +45,12 @@ def _split_path(value: Optional[str]) -> List[str]:
 
 def child_environment(config) -> Dict[str, str]:
     """The variables a child needs to carry the shim with ``config``'s options."""
+    # DMLSHIM_REPORT too: the diagnostics patch makes children write report.<pid>.json.
     env = dict(config.as_env())
-    env.update(CHILD_OVERRIDES)
+    # This process is shimmed, so its children are too (install() may run with DISABLE=1 in the
+    # environment: the test suite does). A program that sets DMLSHIM_DISABLE=1 again for a
+    # child still wins: the child's bootstrap checks it.
+    env["DMLSHIM_DISABLE"] = "0"
     env[SWITCH_ENV] = "1"
     return env
 
@@ -121,10 +131,13 @@ class ProcessesPatch(Patch):
             devicemap.set_wrap_ordinals(True)
         _register_fork_handler()
         self._install_spawn_launcher()
+        if target.is_directml:
+            self._install_tensor_reducers()
+            self.wrap(torch.nn.Module, "share_memory", _share_memory)
 
     # -- torch.multiprocessing.spawn / start_processes -------------------------------------
     def _install_spawn_launcher(self) -> None:
-        import torch.multiprocessing  # noqa: F401 - makes the spawn submodule importable
+        import torch.multiprocessing
 
         spawn_mod = sys.modules["torch.multiprocessing.spawn"]
 
@@ -149,3 +162,130 @@ class ProcessesPatch(Patch):
         self.wrap(spawn_mod, "start_processes", start_processes)
         if getattr(torch.multiprocessing, "start_processes", None) is not None:
             self.wrap(torch.multiprocessing, "start_processes", start_processes)
+
+    # -- DirectML tensors sent to another process -----------------------------------------
+    def _install_tensor_reducers(self) -> None:
+        # ForkingPickler picks a reducer by exact type: torch registers torch.Tensor and
+        # nn.Parameter; the emulator's tensors have a class of their own.
+        classes = {torch.Tensor, torch.nn.Parameter,
+                   type(torch.empty(0, device=devicemap.device_for(None)))}
+        table = ForkingPickler._extra_reducers
+        for cls in classes:
+            original = table.get(cls)
+            table[cls] = _device_tensor_reducer(original)
+
+            def undo(cls=cls, original=original) -> None:
+                if original is None:
+                    table.pop(cls, None)
+                else:
+                    table[cls] = original
+
+            self.on_undo(undo)
+
+
+# -- DirectML tensors across processes ----------------------------------------------------
+
+_copy_warned = False
+
+
+def _is_target_tensor(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and devicemap.is_target_device(t.device) \
+        and t.device.type != "cpu"
+
+
+def _rebuild_device_tensor(host: torch.Tensor, index: int, requires_grad: bool,
+                           is_param: bool) -> torch.Tensor:
+    """Receiving side: the host copy, moved to the same adapter in this process."""
+    target = devicemap.target()
+    if target is not None and target.is_directml:
+        device = torch.device(target.device_type, index)
+    else:  # a receiver without the shim (DMLSHIM_DISABLE=1): the data, on the CPU
+        device = torch.device("cpu")
+    with torch.no_grad():
+        t = host.to(device)
+    if is_param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _device_tensor_reducer(original):
+    def reduce(t: torch.Tensor):
+        if not _is_target_tensor(t):
+            return original(t) if original is not None else t.__reduce_ex__(2)
+        global _copy_warned
+        if not _copy_warned:
+            _copy_warned = True
+            log.warning(
+                "a DirectML tensor was sent to another process; DirectML has no "
+                "inter-process memory, so the receiver gets a copy (on CUDA it would share the "
+                "memory). For hogwild training call module.share_memory() before starting the "
+                "processes: dmlshim then keeps the module in CPU shared memory.")
+        events.redirected("multiprocessing: DirectML tensor", t.device, "copy", tag="emulated")
+        with torch.no_grad():
+            host = t.detach().to("cpu")
+        index = t.device.index if t.device.index is not None else devicemap.current_index()
+        return (_rebuild_device_tensor,
+                (host, index, t.requires_grad, isinstance(t, torch.nn.Parameter)))
+
+    return reduce
+
+
+# -- hogwild: Module.share_memory() on DirectML ------------------------------------------
+
+_moved = threading.local()
+
+
+class HostForward:
+    """Forward hooks of a module shared through CPU memory: inputs come to the CPU, outputs
+    go back to the adapter the inputs came from. Picklable, so spawned processes get them."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def pre(self, module, args, kwargs):
+        found = []
+
+        def to_host(x):
+            if _is_target_tensor(x):
+                found.append(x.device)
+                return x.to("cpu")
+            return x
+
+        args, kwargs = pytree.tree_map(to_host, (args, kwargs))
+        stack = getattr(_moved, "stack", None)
+        if stack is None:
+            stack = _moved.stack = []
+        stack.append(found[0] if found else None)
+        return args, kwargs
+
+    def post(self, module, args, kwargs, output):
+        stack = getattr(_moved, "stack", None)
+        device = stack.pop() if stack else None
+        if device is None:
+            return output
+        return pytree.tree_map(
+            lambda x: x.to(device) if isinstance(x, torch.Tensor) and x.device.type == "cpu"
+            else x, output)
+
+
+def _share_memory(wrapped, instance, args, kwargs):
+    module = instance
+    on_device = [t for t in list(module.parameters()) + list(module.buffers())
+                 if _is_target_tensor(t)]
+    if not on_device:
+        return wrapped(*args, **kwargs)
+    device = on_device[0].device
+    index = device.index if device.index is not None else devicemap.current_index()
+    log.warning(
+        "%s.share_memory(): DirectML memory cannot be shared between processes; the "
+        "module now lives in CPU shared memory, so every process updates the same parameters "
+        "(hogwild works), and its forward runs on the CPU", type(module).__name__)
+    events.redirected("Module.share_memory", device, "cpu shared memory", tag="emulated")
+    module.cpu()
+    result = wrapped(*args, **kwargs)
+    if not getattr(module, "_dmlshim_host_forward", False):
+        hooks = HostForward(index)
+        module.register_forward_pre_hook(hooks.pre, with_kwargs=True)
+        module.register_forward_hook(hooks.post, with_kwargs=True)
+        module._dmlshim_host_forward = True
+    return result

@@ -1,0 +1,212 @@
+"""An emulated DirectML device: torch-directml 0.2.5's ``privateuseone:N`` on the CPU.
+
+``register()`` adds a PrivateUse1 backend named ``privateuseone`` (the name torch-directml
+keeps) whose tensors report ``device.type == "privateuseone"`` and index N, carry the
+PrivateUse1 dispatch key, and keep their data in CPU tensors. Every operator runs the CPU
+kernel, so results are bit-identical to the CPU wherever PyTorch takes the same code path
+for both devices. This lets dmlshim be tested in-process on machines without DirectML.
+
+What is always faithful (not switchable)
+    * Parameters are replaced, not updated in place, by ``model.to(dev)`` / ``model.cpu()``:
+      PrivateUse1 tensors are not shallow-copy compatible with CPU ones (c10 TensorImpl's
+      dense allow-list), so an optimizer built before ``.to(dev)`` keeps stepping dead
+      tensors. (Not a traceable wrapper subclass: no ``__tensor_flatten__``.)
+    * PyTorch's device-dependent paths: optimizers default to ``foreach`` (the tensor type
+      is added to ``torch.optim``'s foreach-capable types); dropout uses ``native_dropout``;
+      LSTM uses ``_thnn_fused_lstm_cell``; convolution/BatchNorm/etc. are the CPU kernels.
+    * Mixing a device tensor with a non-scalar CPU tensor (or another adapter's tensor)
+      raises "Expected all tensors to be on the same device, ...", as on CUDA.
+    * Random numbers come from the CPU default generator, as with torch-directml.
+
+Fidelity switches (``register(switches=...)`` / ``set_switches``); the first four are on by
+default, the bugs are opt-in:
+
+==============  ==============================================================================
+``fallback``    Operators torch-directml 0.2.5 has no kernel for run on the CPU, are counted
+                (``fallback_counts()``) and warn once per operator per process, with the
+                exact text of torch-directml. Which operators: see ``_fallback.py`` (the table
+                of reported ops with their issue numbers and what 0.2.5 does) and
+                ``_policy.py`` (the model of the dispatcher: 0.2.5's real kernel list,
+                structured out= routing, PyTorch's composites). E.g. Adam reports
+                ``aten::lerp.Scalar_out`` (#675), LSTM ``aten::_thnn_fused_lstm_cell`` and then
+                raises NotImplementedError (#654, #677: no CPU kernel either), group norm
+                backward ``aten::native_group_norm_backward`` (#678). Off: no counting,
+                no warning, and the ops without a CPU kernel (the fused LSTM cell) work.
+``float64``     Creating or computing a float64 tensor on the device raises
+                ``RuntimeError("The GPU device does not support Double (Float64)
+                operations!")`` (#430, #438, #699), as on adapters without float64. This
+                includes printing a floating-point tensor, which converts to double on the
+                device (#430, #396); ``.item()``, ``.tolist()``, ``.cpu()`` work.
+``autocast``    torch-directml 0.2.5 on torch 2.4.1: ``torch.autocast("privateuseone")`` is
+                accepted (float16 is its only "supported" dtype; bfloat16 warns and disables)
+                and does nothing: no AutocastPrivateUse1 kernels, ops stay float32 (#454, #192;
+                #454's "must be 'cuda' or 'cpu'" error was torch 1.13's). Off: autocast casts
+                like CUDA's (float16 matmul/conv/linear, float32 losses/softmax/norms).
+``generator``   torch-directml 0.2.5: ``torch.Generator(device="privateuseone")`` returns a
+                CPU generator (``g.device.type == "cpu"``; older releases raised, #374;
+                seeding "the device" has no effect of its own, #587). Off: the generator
+                reports ``privateuseone:N``.
+``bug-ce-none`` ``cross_entropy(reduction="none")`` gives zero gradients (#739, #740).
+``bug-mul-bool`` ``float_tensor * bool_tensor`` and ``*=`` give bool (#686, #737).
+``bug-bn-stats`` BatchNorm running statistics are not updated in training (#362).
+==============  ==============================================================================
+
+Not reproduced: copies between two adapters giving zeros (#443), ``eye`` returning an empty
+tensor (#431), float64 computed at float32 precision on adapters that accept it (#398),
+missing bfloat16 (#688), ``tensor.new()`` (#400), checkpoint location tags (#196, #466):
+emulated tensors are saved as CPU data plus the device string.
+
+Kernel hook: a kernel registered for the ``PrivateUse1`` dispatch key through
+``torch.library`` (or with :func:`register_device_kernel`) runs instead of the emulator's
+CPU path and is never counted as a fallback, as a registered kernel takes the operator off
+torch-directml's CPU fallback. Register the name the op reaches the device with (e.g.
+``"lerp.Scalar"`` and ``"lerp_.Scalar"``) or the out= variant that torch-directml names in its
+warning (``"lerp.Scalar_out"``): the functional and in-place forms of structured ops route
+through their out= kernel, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Dict, Iterable, Optional
+
+import torch
+
+from dmlshim.emulator import _fallback, _memory
+from dmlshim.emulator._fallback import REPORTED_FALLBACKS, WARNING_TEXT
+from dmlshim.emulator._state import (
+    ALL_SWITCHES,
+    BUGS,
+    GAPS,
+    EmulatorError,
+    EmulatorIndexError,
+    apply_switches,
+    check_index,
+    parse_switches,
+    set_count,
+    state,
+)
+from dmlshim.emulator._tensor import F64_MESSAGE, EmuTensor
+
+__all__ = [
+    "EmulatorError", "EmulatorIndexError", "register", "is_registered", "set_switches",
+    "switches", "device", "device_count", "synchronize", "memory_allocated",
+    "max_memory_allocated", "reset_peak_memory_stats", "fallback_counts",
+    "reset_fallback_counts", "is_emulated", "register_device_kernel", "GAPS", "BUGS",
+    "ALL_SWITCHES", "REPORTED_FALLBACKS", "WARNING_TEXT", "F64_MESSAGE",
+]
+
+_kernel_lib: Optional[torch.library.Library] = None
+_kernels: Dict[str, Callable] = {}
+
+
+def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
+    """Register ``count`` emulated DirectML adapters (``privateuseone:0`` .. ``count-1``).
+
+    Idempotent: a second call only changes the adapter count and the switches. Raises
+    :class:`EmulatorError` if torch_directml is imported in this process (the emulator must
+    not register beside the real backend), or if this torch cannot host it.
+    """
+    if "torch_directml" in sys.modules:
+        raise EmulatorError(
+            "dmlshim emulator: torch_directml is already imported in this process; the emulated "
+            "DirectML device cannot be registered beside the real one (both claim PrivateUse1)"
+        )
+    names = parse_switches(switches)
+    set_count(count)
+    _memory.resize(count)
+    from dmlshim.emulator import _backend
+
+    apply_switches(names)
+    _backend.install()
+    state.registered = True
+    _sync_registrations()
+
+
+def is_registered() -> bool:
+    return state.registered
+
+
+def set_switches(switches: Iterable[str]) -> None:
+    """Choose which gaps and bugs are reproduced (names in ``ALL_SWITCHES``)."""
+    apply_switches(parse_switches(switches))
+    _sync_registrations()
+
+
+def _sync_registrations() -> None:
+    if state.registered:
+        from dmlshim.emulator import _autocast
+
+        _autocast.sync()
+
+
+def switches() -> frozenset:
+    """The switches in force."""
+    return state.switches
+
+
+def device(index: int = 0) -> torch.device:
+    """``torch.device("privateuseone", index)``; EmulatorIndexError when out of range."""
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise TypeError(f"dmlshim emulator: device index must be an int, got {index!r}")
+    return state.devices[check_index(index)]
+
+
+def device_count() -> int:
+    return state.count if state.registered else 0
+
+
+def synchronize(index: Optional[int] = None) -> None:
+    """Nothing to wait for: every emulated op has finished when it returns."""
+    if index is not None:
+        check_index(index)
+
+
+def memory_allocated(index: Optional[int] = None) -> int:
+    """Bytes of live storages on adapter ``index`` (None: all adapters)."""
+    return _memory.allocated(None if index is None else check_index(index))
+
+
+def max_memory_allocated(index: Optional[int] = None) -> int:
+    return _memory.max_allocated(None if index is None else check_index(index))
+
+
+def reset_peak_memory_stats(index: Optional[int] = None) -> None:
+    _memory.reset_peak(None if index is None else check_index(index))
+
+
+def fallback_counts() -> Dict[str, int]:
+    """``{"aten::lerp.Scalar_out": 12, ...}``: CPU fallbacks per operator since the last reset."""
+    return _fallback.counts()
+
+
+def reset_fallback_counts() -> None:
+    """Zero the counters (warnings stay once per process, like torch-directml's)."""
+    _fallback.reset_counts()
+
+
+def is_emulated(t: torch.Tensor) -> bool:
+    return isinstance(t, EmuTensor)
+
+
+def register_device_kernel(op_name: str, fn: Callable) -> None:
+    """Register ``fn`` as the PrivateUse1 kernel of ``op_name`` (e.g. ``"lerp.Scalar_out"``).
+
+    Same effect as ``torch.library.Library("aten", "IMPL").impl(op_name, fn, "PrivateUse1")``,
+    which also works on real DirectML: the op then runs ``fn`` (with device tensors) instead
+    of the CPU fallback. ``fn`` must not call the same op on device tensors (it would call
+    itself). Registering the same name again replaces the kernel.
+    """
+    global _kernel_lib
+    name = op_name.split("::", 1)[-1]
+    if name in _kernels:
+        _kernels[name] = fn  # the registered trampoline looks the function up per call
+        return
+    if _kernel_lib is None:
+        _kernel_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - process lifetime
+
+    def trampoline(*args, **kwargs):
+        return _kernels[name](*args, **kwargs)
+
+    _kernels[name] = fn
+    _kernel_lib.impl(name, trampoline, "PrivateUse1")

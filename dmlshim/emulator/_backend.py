@@ -1,0 +1,250 @@
+"""One-time hookup of the emulator into PyTorch's PrivateUse1 machinery.
+
+* factory kernels for PrivateUse1 through ``torch.library`` (``empty.memory_format`` and
+  ``empty_strided``: every factory and every CPU -> device copy starts there);
+* a device module ``torch.privateuseone`` shaped like torch-directml's ``PrivateUse1Module``;
+* a device guard: PyTorch's private Python hooks on torch >= 2.5, a tiny C++ extension
+  (``_guard.cpp``, built once into the torch extensions cache) on torch < 2.5;
+* the emulated tensor type added to the optimizers' foreach-capable types, so that
+  ``torch.optim`` takes the foreach path on the device as it does on real DirectML;
+* ``torch.Generator`` routed for ``privateuseone`` devices (see ``_generator.py``).
+
+The backend keeps the name ``privateuseone`` (torch-directml does not rename it), so
+``torch.utils.rename_privateuse1_backend`` is never called.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Optional
+
+import torch
+
+from dmlshim.emulator import _memory
+from dmlshim.emulator._state import EmulatorError, check_index, state
+from dmlshim.emulator._tensor import EmuTensor, check_float64, sync_metadata, wrap
+
+_CPU = torch.device("cpu")
+_lib: Optional[Any] = None
+_cpp_guard: Optional[Any] = None
+_installed = False
+
+
+def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
+                         memory_format=None):
+    index = check_index(device.index if device is not None else None)
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    check_float64(dtype)
+    # device=cpu explicitly: a torch.device(...) context or set_default_device must not send
+    # this inner allocation back to the emulator.
+    elem = torch.empty(size, dtype=dtype, device=_CPU,
+                       memory_format=memory_format or torch.contiguous_format)
+    return wrap(elem, index)
+
+
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    index = check_index(device.index if device is not None else None)
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    check_float64(dtype)
+    return wrap(torch.empty_strided(size, stride, dtype=dtype, device=_CPU), index)
+
+
+def _copy_from(self, dst, non_blocking=False):
+    # Reached with the Python dispatch key excluded, e.g. torch.tensor(data, device=...),
+    # which builds the tensor on the CPU and copies it over inside an exclusion guard.
+    src = self._elem if isinstance(self, EmuTensor) else self
+    if isinstance(dst, EmuTensor):
+        dst._elem.copy_(src, non_blocking)
+    else:
+        dst.copy_(src, non_blocking)
+    return dst
+
+
+def _copy_from_and_resize(self, dst):
+    target = dst._elem if isinstance(dst, EmuTensor) else dst
+    target.resize_(self.shape)
+    if isinstance(dst, EmuTensor):
+        sync_metadata(dst)
+    return _copy_from(self, dst)
+
+
+class DeviceModule:
+    """``torch.privateuseone``: torch-directml 0.2.5's ``PrivateUse1Module`` API, emulated."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return state.count
+
+    @staticmethod
+    def device_name(device_id: int) -> str:
+        if 0 <= device_id < state.count:
+            return f"dmlshim emulated DirectML adapter {device_id} (CPU)"
+        return ""
+
+    @staticmethod
+    def default_device() -> int:
+        return 0
+
+    @staticmethod
+    def current_device() -> int:
+        return current_device()
+
+    @staticmethod
+    def device(device_id: Optional[int] = None) -> torch.device:
+        if device_id is None:
+            device_id = 0
+        if not 0 <= device_id < state.count:
+            raise Exception(  # torch-directml raises a bare Exception here
+                f"Invalid device_id argument supplied {device_id}. device_id must be in range "
+                f"[0, {state.count})."
+            )
+        return state.devices[device_id]
+
+    @staticmethod
+    def has_float64_support(device_id: int = 0) -> bool:
+        return not state.float64
+
+    @staticmethod
+    def gpu_memory(device_id: int = 0, mb_per_tile: int = 1) -> list:
+        return [_memory.allocated(device_id) / (1024 * 1024)]
+
+    @staticmethod
+    def is_autocast_enabled() -> bool:
+        return False
+
+    @staticmethod
+    def get_autocast_dtype() -> torch.dtype:
+        return torch.float16
+
+    @staticmethod
+    def set_autocast_enabled(enable: bool) -> None:
+        pass
+
+    @staticmethod
+    def set_autocast_dtype(dtype: torch.dtype) -> None:
+        pass
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list:
+        return [torch.float16]
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        # torch-directml draws random numbers from the CPU generator and seeds it here.
+        torch.default_generator.manual_seed(seed)
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        pass
+
+
+def current_device() -> int:
+    if _cpp_guard is not None:
+        return int(_cpp_guard.current_device())
+    return state.current_index
+
+
+def _torch_version() -> tuple:
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _build_cpp_guard() -> Any:
+    if shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("c++") is None:
+        raise EmulatorError(
+            "dmlshim emulator: torch < 2.5 needs a small C++ device guard for PrivateUse1, built "
+            "once with torch.utils.cpp_extension, but no C++ compiler (g++) was found. Install "
+            "g++ and ninja (pip install ninja), or use torch >= 2.5."
+        )
+    from torch.utils import cpp_extension
+
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.cpp")
+    try:
+        return cpp_extension.load(name="dmlshim_emulator_guard", sources=[source],
+                                  extra_cflags=["-O1"], verbose=False)
+    except Exception as err:  # compiler errors, missing ninja, ...
+        raise EmulatorError(
+            f"dmlshim emulator: building the PrivateUse1 device guard for torch "
+            f"{torch.__version__} failed ({type(err).__name__}: {err}). It needs g++ and ninja "
+            f"(pip install ninja)."
+        ) from err
+
+
+def _install_python_guard() -> None:
+    acc = getattr(torch._C, "_acc", None)
+    try:
+        # Same name, so nothing is renamed: this only marks the PrivateUse1 backend as
+        # registered, without which torch >= 2.5 finds no accelerator and backward() fails
+        # ("Cannot access accelerator device when none is available").
+        torch._C._rename_privateuse1_backend("privateuseone")
+        from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
+
+        acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
+        acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
+    except (AttributeError, ImportError, TypeError) as err:
+        raise EmulatorError(
+            f"dmlshim emulator: this torch ({torch.__version__}) lacks the private Python "
+            f"PrivateUse1 hooks the emulator uses on torch >= 2.5 (torch.utils."
+            f"backend_registration._setup_privateuseone_for_python_backend): {err}"
+        ) from err
+
+
+def _allow_foreach() -> None:
+    # torch.optim defaults to foreach only when type(p) is in this private list; real
+    # DirectML parameters are plain Tensors/Parameters and qualify (#604, #626).
+    for modname in ("torch.optim.optimizer", "torch.utils._foreach_utils"):
+        try:
+            module = __import__(modname, fromlist=["_foreach_supported_types"])
+            types = module._foreach_supported_types
+            if EmuTensor not in types:
+                types.append(EmuTensor)
+        except (ImportError, AttributeError):
+            pass
+
+
+def install() -> None:
+    """Hook the emulator into PyTorch (once per process)."""
+    global _lib, _cpp_guard, _installed
+    if _installed:
+        if _cpp_guard is not None:
+            _cpp_guard.set_device_count(state.count)
+        return
+    if torch._C._get_privateuse1_backend_name() != "privateuseone":
+        raise EmulatorError(
+            "dmlshim emulator: the PrivateUse1 backend was renamed to "
+            f"{torch._C._get_privateuse1_backend_name()!r}; torch-directml and the emulator "
+            "need it to stay 'privateuseone'"
+        )
+    if hasattr(torch, "privateuseone"):
+        raise EmulatorError(
+            f"dmlshim emulator: another PrivateUse1 backend module is registered "
+            f"({torch.privateuseone!r}); the emulator cannot register beside it"
+        )
+    if _torch_version() < (2, 5):
+        _cpp_guard = _build_cpp_guard()
+        _cpp_guard.set_device_count(state.count)
+    else:
+        _install_python_guard()
+    torch._register_device_module("privateuseone", DeviceModule)
+    _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive for the process
+    _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
+    _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    _allow_foreach()
+    from dmlshim.emulator import _generator, _ops  # noqa: F401 - _ops fills the op tables
+
+    _generator.install()
+    _installed = True

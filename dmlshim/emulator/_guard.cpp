@@ -1,0 +1,93 @@
+// A DeviceGuardImplInterface for PrivateUse1, built only on torch < 2.5.
+//
+// torch 2.4 (what torch-directml 0.2.5 pins) has no Python-level device guard, and the
+// autograd engine aborts in backward() with "PyTorch is not linked with support for
+// privateuseone devices" unless a C++ guard is registered for the device type. The emulator
+// keeps its data on the CPU, so there are no streams or events: this guard only tracks the
+// current device index (per thread, like CUDA) and reports the number of emulated adapters.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/extension.h>
+
+#include <atomic>
+
+namespace {
+
+std::atomic<c10::DeviceIndex> g_device_count{1};
+thread_local c10::DeviceIndex t_current_device = 0;
+
+struct EmulatorGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  EmulatorGuardImpl() = default;
+  explicit EmulatorGuardImpl(c10::DeviceType) {}
+
+  c10::DeviceType type() const override {
+    return c10::DeviceType::PrivateUse1;
+  }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    t_current_device = d.index() < 0 ? 0 : d.index();
+    return old;
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(c10::DeviceType::PrivateUse1, t_current_device);
+  }
+  void setDevice(c10::Device d) const override {
+    t_current_device = d.index() < 0 ? 0 : d.index();
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    t_current_device = d.index() < 0 ? 0 : d.index();
+  }
+  c10::Stream getStream(c10::Device d) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, s.device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return g_device_count.load();
+  }
+  // CPU work is synchronous: events are always complete.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag)
+      const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override {
+    return true;
+  }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, EmulatorGuardImpl);
+
+void set_device_count(int64_t count) {
+  g_device_count.store(static_cast<c10::DeviceIndex>(count));
+}
+
+int64_t current_device() {
+  return t_current_device;
+}
+
+void set_current_device(int64_t index) {
+  t_current_device = static_cast<c10::DeviceIndex>(index);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("set_device_count", &set_device_count, "number of emulated adapters");
+  m.def("current_device", &current_device, "current adapter index of this thread");
+  m.def("set_current_device", &set_current_device, "set this thread's current adapter");
+}

@@ -1,0 +1,356 @@
+"""The emulated DirectML tensor: a wrapper subclass whose data lives in a CPU tensor.
+
+``EmuTensor`` reports ``device == privateuseone:N`` and carries the PrivateUse1 dispatch
+key (so PyTorch treats it as a PrivateUse1 tensor everywhere, e.g. in ``nn.Module._apply``,
+``torch.optim``'s foreach defaults, the RNN and dropout code paths), plus the Python key,
+which sends every operator that reaches it to ``__torch_dispatch__``. There the operator is
+planned once (``_policy.py``) and run on the CPU elems, so results are bit-identical to CPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any, Callable, Dict, Tuple
+
+import torch
+
+from dmlshim.emulator import _fallback, _memory, _policy
+from dmlshim.emulator._state import EmulatorError, check_index, state
+
+F64_MESSAGE = "The GPU device does not support Double (Float64) operations!"
+
+_PU1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CPU_DEVICE = torch.device("cpu")
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_data_descriptor = torch._C.TensorBase.__dict__["data"]
+_impls: set = getattr(torch.library, "_impls", set())
+
+# Filled by the modules that implement special ops, bugs and CPU-less kernels (see _ops.py).
+SPECIALS: Dict[str, Callable] = {}
+BUGS: Dict[str, Tuple[str, Callable]] = {}
+CPU_IMPLS: Dict[str, Callable] = {}
+_PLANS: Dict[Any, _policy.Plan] = {}
+
+
+def check_float64(dtype: torch.dtype) -> None:
+    if dtype is torch.float64 and state.float64:
+        raise RuntimeError(F64_MESSAGE)
+
+
+class EmuTensor(torch.Tensor):
+    """A tensor on an emulated DirectML adapter (``privateuseone:N``); data in ``_elem`` (CPU)."""
+
+    _elem: torch.Tensor
+    _index: int
+
+    # Behave like a plain tensor at the Python level (and skip the Python-level overhead).
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        plan = _PLANS.get(func)
+        if plan is None:
+            plan = _PLANS[func] = _policy.build(func, SPECIALS, BUGS, CPU_IMPLS)
+        if kwargs is None:
+            kwargs = {}
+        for key in plan.impl_keys:
+            if key in _impls:  # a PrivateUse1 kernel registered through torch.library
+                return redispatch(func, plan, args, kwargs)
+        if plan.special is not None:
+            return plan.special(func, plan, args, kwargs)
+        if plan.bug is not None and getattr(state, plan.bug_flag):
+            return plan.bug(func, plan, args, kwargs)
+        kind = plan.kind
+        if kind == _policy.DECOMPOSE:
+            return redispatch(func, plan, args, kwargs)
+        if kind == _policy.FALLBACK:
+            return _fallback_call(func, plan, args, kwargs)
+        return run_on_cpu(func, plan, args, kwargs)
+
+    # Module._apply assigns `param.data = new` when the types are shallow-copy compatible
+    # (emulated -> emulated dtype changes): keep the CPU elem in step with the new metadata.
+    @property
+    def data(self):
+        return _data_descriptor.__get__(self, type(self))
+
+    @data.setter
+    def data(self, value):
+        _data_descriptor.__set__(self, value)
+        if isinstance(value, EmuTensor):
+            self._elem = value._elem
+            self._index = value._index
+
+    def data_ptr(self) -> int:
+        # The wrapper has no memory of its own; expose the CPU elem's address so that code that
+        # compares data pointers (tied weights, shared storage detection) sees real aliasing.
+        return self._elem.data_ptr()
+
+    def __repr__(self, *, tensor_contents=None):
+        # torch._tensor_str prefixes subclasses with their class name; print "tensor(" (and
+        # "Parameter containing:") like a real DirectML tensor. The formatting itself runs on
+        # the device, as there (with the float64 gap, printing floats fails like #430).
+        cls = type(self)
+        cls.__name__ = "tensor"
+        try:
+            text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
+        finally:
+            cls.__name__ = "EmuTensor"
+        if getattr(self, "_is_param", False):
+            if text.startswith("Parameter("):  # torch >= 2.6 marks custom-type parameters
+                text = text[len("Parameter("):-1]
+            return "Parameter containing:\n" + text
+        return text
+
+    def __format__(self, format_spec):
+        # Tensor.__format__ formats 0-dim tensors as numbers only when type(self) is Tensor.
+        if self.dim() == 0:
+            return self.detach().item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+    def numpy(self, *, force: bool = False):
+        # What PyTorch says for any non-CPU tensor (the subclass check would say otherwise).
+        if force:
+            return self._elem.detach().numpy()
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy "
+            "the tensor to host memory first."
+        )
+
+    def tolist(self):
+        # PyTorch refuses tolist() on tensor subclasses; a device tensor copies to the host.
+        return self._elem.tolist()
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                "protocol at the moment.  If you were attempting to deepcopy a module, this may "
+                "be because of a torch.nn.utils.weight_norm usage, see "
+                "https://github.com/pytorch/pytorch/pull/103001"
+            )
+        with torch.no_grad():
+            new = wrap(self._elem.clone(), self._index)
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, self.requires_grad)
+        else:
+            new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        for key, value in self.__dict__.items():
+            if key not in ("_elem", "_index", "_is_param"):
+                setattr(new, key, copy.deepcopy(value, memo))
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, proto):
+        # Saved like PyTorch saves PrivateUse1 tensors without storage: a CPU copy plus the
+        # device string; loading moves it back to privateuseone:N (the emulator must be
+        # registered then, as torch-directml must be to load a real DirectML checkpoint).
+        if getattr(self, "_is_param", False):
+            plain = wrap(self._elem, self._index)
+            return (torch._utils._rebuild_parameter,
+                    (plain, self.requires_grad, collections.OrderedDict()))
+        cpu = self._elem.detach().clone()
+        rebuild = getattr(torch._utils, "_rebuild_device_tensor_from_cpu_tensor", None)
+        if rebuild is not None:
+            return (rebuild, (cpu, self.dtype, str(self.device), self.requires_grad))
+        numpy_array = cpu.numpy() if cpu.dtype != torch.bfloat16 else cpu.float().numpy()
+        return (torch._utils._rebuild_device_tensor_from_numpy,
+                (numpy_array, self.dtype, str(self.device), self.requires_grad))
+
+
+class _Husk(torch.Tensor):
+    """A storage donor for metadata resyncs; never used in an operator."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise EmulatorError(f"dmlshim emulator: internal husk tensor reached {func}")
+
+
+def wrap(elem: torch.Tensor, index: int) -> EmuTensor:
+    """A new emulated tensor on adapter ``index`` holding ``elem`` (a CPU tensor)."""
+    if elem.dtype is torch.float64 and state.float64:
+        raise RuntimeError(F64_MESSAGE)
+    if elem.layout is not torch.strided:
+        raise EmulatorError(f"dmlshim emulator: {elem.layout} tensors are not supported")
+    out = torch.Tensor._make_wrapper_subclass(
+        EmuTensor, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(),
+        dtype=elem.dtype, device=state.devices[index], requires_grad=False,
+    )
+    out._elem = elem
+    out._index = index
+    _memory.track(elem, index)
+    return out
+
+
+def sync_metadata(wrapper: EmuTensor) -> None:
+    """Make the wrapper's sizes/strides/offset follow its elem after an in-place resize."""
+    elem = wrapper._elem
+    if (wrapper.size() == elem.size() and wrapper.stride() == elem.stride()
+            and wrapper.storage_offset() == elem.storage_offset()):
+        return
+    numel = max(elem.untyped_storage().nbytes() // max(elem.element_size(), 1), 1)
+    husk = torch.Tensor._make_wrapper_subclass(
+        _Husk, (numel,), strides=(1,), storage_offset=0, dtype=elem.dtype, device=wrapper.device
+    )
+    _set_storage.redispatch(_CPU, wrapper, husk.untyped_storage(), elem.storage_offset(),
+                            elem.size(), elem.stride())
+    _memory.refresh(elem)
+
+
+def _device_error(a: str, b: str) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
+    )
+
+
+def unwrap(plan: _policy.Plan, args, kwargs) -> Tuple[list, dict, int, bool]:
+    """CPU arguments, the adapter index of the device tensors, and whether to wrap results."""
+    index = -1
+    cpu_seen = None
+    new_args = []
+    for a in args:
+        t = type(a)
+        if t is EmuTensor:
+            if index < 0:
+                index = a._index
+            elif a._index != index:
+                raise _device_error(f"privateuseone:{index}", f"privateuseone:{a._index}")
+            new_args.append(a._elem)
+        elif (t is list or t is tuple) and a and not isinstance(a[0], (int, float, bool)):
+            items = []
+            for x in a:
+                if type(x) is EmuTensor:
+                    if index < 0:
+                        index = x._index
+                    elif x._index != index:
+                        raise _device_error(f"privateuseone:{index}", f"privateuseone:{x._index}")
+                    items.append(x._elem)
+                else:
+                    if isinstance(x, torch.Tensor) and x.dim() > 0 and cpu_seen is None:
+                        cpu_seen = x.device
+                    items.append(x)
+            new_args.append(items)
+        else:
+            if isinstance(a, torch.Tensor) and a.dim() > 0 and cpu_seen is None:
+                cpu_seen = a.device
+            new_args.append(a)
+    new_kwargs = kwargs
+    if kwargs:
+        new_kwargs = {}
+        for k, v in kwargs.items():
+            if type(v) is EmuTensor:
+                if index < 0:
+                    index = v._index
+                elif v._index != index:
+                    raise _device_error(f"privateuseone:{index}", f"privateuseone:{v._index}")
+                v = v._elem
+            elif type(v) is list and v and type(v[0]) is EmuTensor:
+                v = [x._elem for x in v]
+            elif isinstance(v, torch.Tensor) and v.dim() > 0 and cpu_seen is None:
+                cpu_seen = v.device
+            new_kwargs[k] = v
+    wrap_results = True
+    if plan.has_device_kw and new_kwargs.get("device") is not None:
+        target = torch.device(new_kwargs["device"])
+        if target.type == "privateuseone":
+            index = check_index(target.index)
+            new_kwargs["device"] = _CPU_DEVICE
+        else:
+            wrap_results = False
+    if cpu_seen is not None and not plan.mixed_ok and index >= 0:
+        raise _device_error(f"privateuseone:{index}", str(cpu_seen))
+    if index < 0:
+        index = state.current_index
+    return new_args, new_kwargs, index, wrap_results
+
+
+def _wrap_result(out, index: int):
+    if isinstance(out, torch.Tensor):
+        return wrap(out, index)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_wrap_result(o, index) for o in out)
+    return out
+
+
+def finish(plan: _policy.Plan, args, kwargs, out, index: int, wrap_results: bool = True):
+    """Turn the CPU result of ``plan``'s op into the value the caller gets back."""
+    writes = plan.writes
+    if writes is None:
+        return _wrap_result(out, index) if wrap_results else out
+    originals = []
+    for i, target in enumerate(writes):
+        if target is None:
+            value = out[i] if isinstance(out, (tuple, list)) else out
+            originals.append(_wrap_result(value, index) if wrap_results else value)
+            continue
+        kind, key = target
+        original = args[key] if kind == "a" and key < len(args) else kwargs.get(key)
+        if original is None and kind == "a":
+            original = kwargs.get(key)
+        originals.append(original)
+        if plan.resizes:
+            for t in original if isinstance(original, (list, tuple)) else (original,):
+                if type(t) is EmuTensor:
+                    sync_metadata(t)
+    if len(writes) == 1 and not isinstance(out, (tuple, list)):
+        return originals[0]
+    return tuple(originals)
+
+
+def run_on_cpu(func, plan: _policy.Plan, args, kwargs):
+    cargs, ckwargs, index, wrap_results = unwrap(plan, args, kwargs)
+    if plan.cpu_impl is not None:
+        out = plan.cpu_impl(*cargs, **ckwargs)
+    else:
+        out = func(*cargs, **ckwargs)
+    return finish(plan, args, kwargs, out, index, wrap_results)
+
+
+def _as_tensor(value):
+    if isinstance(value, bool):
+        return torch.tensor(value, dtype=torch.bool)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, float):
+        # The default dtype promotes like the wrapped number it stands for (a 0-dim tensor
+        # never wins over a dimensioned one of the same category).
+        return torch.tensor(value, dtype=torch.get_default_dtype())
+    if isinstance(value, complex):
+        return torch.tensor(value)
+    return value
+
+
+def redispatch(func, plan: _policy.Plan, args, kwargs):
+    """Run the PrivateUse1 kernel of ``func``: a registered one, or PyTorch's composite."""
+    positions, names = plan.tensor_args
+    if positions and any(i < len(args) and isinstance(args[i], (int, float, complex))
+                         for i in positions):
+        args = tuple(_as_tensor(a) if i in positions else a for i, a in enumerate(args))
+    if names and kwargs:
+        kwargs = {k: (_as_tensor(v) if k in names else v) for k, v in kwargs.items()}
+    return func.redispatch(_PU1, *args, **kwargs)
+
+
+def _fallback_call(func, plan: _policy.Plan, args, kwargs):
+    # C++-registered PrivateUse1 kernels are invisible to the torch.library set checked in
+    # __torch_dispatch__; look them up exactly here, where the cost does not matter.
+    for name in {plan.name, plan.fallback_name}:
+        try:
+            if _policy._has_kernel(name, "PrivateUse1"):
+                return redispatch(func, plan, args, kwargs)
+        except RuntimeError:
+            pass
+    if state.fallback:
+        _fallback.record(plan.fallback_name)
+        cargs, ckwargs, index, wrap_results = unwrap(plan, args, kwargs)
+        # torch-directml's fallback runs the CPU kernel, which may not exist
+        # (aten::_thnn_fused_lstm_cell): the NotImplementedError comes from the CPU, as there.
+        return finish(plan, args, kwargs, func(*cargs, **ckwargs), index, wrap_results)
+    return run_on_cpu(func, plan, args, kwargs)

@@ -1,0 +1,245 @@
+"""CUDA automatic mixed precision on targets without CUDA: autocast regions and GradScaler.
+
+``DMLSHIM_AMP=off`` (default): an autocast region for ``"cuda"`` runs in float32 (it is built
+disabled, so torch's "CUDA is not available ... Disabling autocast" warning never fires) and a
+CUDA ``GradScaler`` is a disabled scaler -- ``scale`` returns its input, ``step`` calls
+``optimizer.step()``, ``unscale_``/``update`` do nothing -- whose ``state_dict`` still holds the
+scaler settings (so a checkpoint written here resumes an enabled scaler on a CUDA machine) and
+whose ``load_state_dict`` accepts a CUDA scaler's state.
+
+``DMLSHIM_AMP=fp16``: autocast regions for ``"cuda"`` run as float16 autocast on the target where
+torch can autocast there (the CPU; an emulated adapter whose ``autocast`` gap is off), and the
+scaler is a real, enabled scaler on that device. Where autocast refuses the device
+(torch-directml 0.2.5: microsoft/DirectML#454, reproduced by the emulator's ``autocast`` gap),
+regions run in float32 as with ``off``, with one warning per call site.
+
+Only the constructors (and ``custom_fwd``/``custom_bwd``, decorators) are wrapped: nothing runs
+per op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.amp.autocast_mode as _autocast_mode
+import torch.amp.grad_scaler as _grad_scaler
+
+from dmlshim import events
+from dmlshim.patching import Patch
+
+log = logging.getLogger("dmlshim")
+
+_AUTOCAST_PARAMS = ("device_type", "dtype", "enabled", "cache_enabled")
+_SCALER_PARAMS = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+                  "enabled")
+_SCALER_DEFAULTS: Dict[str, Any] = {"init_scale": 2.0 ** 16, "growth_factor": 2.0,
+                                    "backoff_factor": 0.5, "growth_interval": 2000}
+# Attribute holding a stand-in scaler's settings (what an enabled CUDA scaler would save).
+STATE_ATTR = "_dmlshim_scaler_state"
+STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+# -- warnings at the user's line ------------------------------------------------------------
+
+def _internal_dirs() -> Tuple[str, ...]:
+    import wrapt
+
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (pkg, os.path.dirname(torch.__file__), os.path.dirname(wrapt.__file__), "<frozen")
+
+
+def warn_at_user_site(message: str, category: type = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first frame outside dmlshim, torch and wrapt.
+
+    Python's warning registry then shows each message once per user call site.
+    """
+    skip = _internal_dirs()
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+# -- what "cuda" autocast becomes on this target ---------------------------------------------
+
+class AmpPlan:
+    """Where and in which dtypes float16 autocast can run on the target (None: nowhere)."""
+
+    def __init__(self, mode: str, device_type: Optional[str], dtypes: Tuple[torch.dtype, ...],
+                 why_not: str = "") -> None:
+        self.mode = mode
+        self.device_type = device_type  # "cpu" / "privateuseone", or None: regions run in float32
+        self.dtypes = dtypes
+        self.why_not = why_not
+
+    @property
+    def low_precision(self) -> bool:
+        return self.device_type is not None
+
+
+def _autocast_dtypes(device_type: str, index: int = 0) -> Tuple[torch.dtype, ...]:
+    """The low-precision dtypes torch really autocasts to on ``device_type`` (empty: none).
+
+    A region is built and a matmul run in it: building can succeed where the ops then have
+    no autocast kernel for the device.
+    """
+    found = []
+    device = torch.device(device_type, index) if device_type != "cpu" else torch.device("cpu")
+    for dtype in (torch.float16, torch.bfloat16):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ctx = _autocast_mode.autocast(device_type, dtype=dtype)
+                if not getattr(ctx, "_enabled", False):
+                    continue
+                a = torch.ones(2, 2, device=device)
+                with ctx:
+                    ok = torch.mm(a, a).dtype is dtype
+        except Exception:  # noqa: BLE001 - any failure means "not available here"
+            continue
+        if ok:
+            found.append(dtype)
+    return tuple(found)
+
+
+def make_plan(target: Any, mode: str) -> AmpPlan:
+    if mode != "fp16":
+        return AmpPlan(mode, None, (), "DMLSHIM_AMP=off")
+    device_type = target.device_type
+    dtypes = _autocast_dtypes(device_type, target.index)
+    if device_type == "privateuseone" and target.kind == "dml":
+        dtypes = tuple(d for d in dtypes if d is not torch.bfloat16)  # no bfloat16 (#688)
+    if torch.float16 not in dtypes:
+        return AmpPlan(mode, None, (),
+                       f"torch cannot autocast on {device_type} (torch-directml 0.2.5 refuses "
+                       "it: microsoft/DirectML#454)")
+    return AmpPlan(mode, device_type, dtypes)
+
+
+def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+class AmpPatch(Patch):
+    name = "amp"
+
+    def applies(self, target) -> bool:
+        return target.redirects
+
+    def _install(self, target, config) -> None:
+        self.plan = plan = make_plan(target, config.amp)
+        if plan.mode == "fp16":
+            if plan.low_precision:
+                log.info("DMLSHIM_AMP=fp16: CUDA autocast runs as %s autocast on %s",
+                         "/".join(str(d).replace("torch.", "") for d in plan.dtypes),
+                         plan.device_type)
+            else:
+                log.info("DMLSHIM_AMP=fp16: %s; autocast regions run in float32", plan.why_not)
+        self.wrap(_autocast_mode.autocast, "__init__", self._autocast_init)
+        self.wrap(_grad_scaler.GradScaler, "__init__", self._scaler_init)
+        self.wrap(_grad_scaler.GradScaler, "state_dict", _scaler_state_dict)
+        self.wrap(_grad_scaler.GradScaler, "load_state_dict", _scaler_load_state_dict)
+        if plan.low_precision:
+            # custom_fwd/custom_bwd ask torch.is_autocast_enabled("cuda"); point them at the
+            # device whose autocast is really on.
+            for owner in {id(m): m for m in (torch.amp, _autocast_mode)}.values():
+                for name in ("custom_fwd", "custom_bwd"):
+                    if hasattr(owner, name):
+                        self.wrap(owner, name, self._custom_decorator)
+
+    # -- autocast -------------------------------------------------------------------------
+    def _autocast_init(self, wrapped, instance, args, kwargs):
+        bound = _bind(_AUTOCAST_PARAMS, args, kwargs)
+        if bound.get("device_type") != "cuda":
+            return wrapped(*args, **kwargs)
+        plan = self.plan
+        enabled = bool(bound.get("enabled", True))
+        dtype = bound.get("dtype")
+        if not enabled:
+            return wrapped(*args, **kwargs)
+        if plan.low_precision and (dtype is None or dtype in plan.dtypes):
+            bound["device_type"] = plan.device_type
+            bound["dtype"] = torch.float16 if dtype is None else dtype
+            events.redirected("torch.autocast", "cuda", f"{plan.device_type} "
+                              f"{str(bound['dtype']).replace('torch.', '')}")
+            return wrapped(**bound)
+        if plan.mode == "fp16":
+            if plan.low_precision:
+                why = f"{dtype} autocast is not available on {plan.device_type}"
+            else:
+                why = plan.why_not
+            warn_at_user_site(f"dmlshim: CUDA autocast requested but {why}; this region runs "
+                              "in float32 (DMLSHIM_AMP=fp16)")
+        # float32: build the region disabled, as torch would on CUDA with enabled=False
+        bound["enabled"] = False
+        events.redirected("torch.autocast", "cuda", "float32", tag="dropped")
+        return wrapped(**bound)
+
+    def _custom_decorator(self, wrapped, instance, args, kwargs):
+        if kwargs.get("device_type") == "cuda":
+            kwargs = dict(kwargs, device_type=self.plan.device_type)
+        return wrapped(*args, **kwargs)
+
+    # -- GradScaler -----------------------------------------------------------------------
+    def _scaler_init(self, wrapped, instance, args, kwargs):
+        bound = _bind(_SCALER_PARAMS, args, kwargs)
+        if bound.get("device", "cuda") != "cuda":
+            return wrapped(*args, **kwargs)
+        plan = self.plan
+        if plan.low_precision:
+            bound["device"] = plan.device_type
+            events.redirected("GradScaler", "cuda", plan.device_type)
+            return wrapped(**bound)
+        enabled = bool(bound.get("enabled", True))
+        settings = {k: bound.get(k, v) for k, v in _SCALER_DEFAULTS.items()}
+        bound["enabled"] = False
+        result = wrapped(**bound)
+        if enabled:
+            # The checks an enabled CUDA scaler makes, so bad settings fail here as there.
+            if settings["growth_factor"] <= 1.0:
+                raise AssertionError("The growth factor must be > 1.0.")
+            if settings["backoff_factor"] >= 1.0:
+                raise AssertionError("The backoff factor must be < 1.0.")
+            setattr(instance, STATE_ATTR, {
+                "scale": float(settings["init_scale"]),
+                "growth_factor": float(settings["growth_factor"]),
+                "backoff_factor": float(settings["backoff_factor"]),
+                "growth_interval": int(settings["growth_interval"]),
+                "_growth_tracker": 0,
+            })
+            events.redirected("GradScaler", "cuda", "disabled (float32 training)", tag="dropped")
+        return result
+
+
+def _scaler_state_dict(wrapped, instance, args, kwargs):
+    state = getattr(instance, STATE_ATTR, None) if instance is not None else None
+    if state is None:
+        return wrapped(*args, **kwargs)
+    return dict(state)
+
+
+def _scaler_load_state_dict(wrapped, instance, args, kwargs):
+    state = getattr(instance, STATE_ATTR, None) if instance is not None else None
+    if state is None:
+        return wrapped(*args, **kwargs)
+    source = args[0] if args else kwargs["state_dict"]
+    if len(source) == 0:
+        return None  # written by a disabled scaler: nothing to restore
+    missing = [k for k in STATE_KEYS if k not in source]
+    if missing:
+        raise KeyError(f"dmlshim: GradScaler.load_state_dict: the state dict lacks {missing}; "
+                       "pass the dict that GradScaler.state_dict() returned")
+    state.update(scale=float(source["scale"]), growth_factor=float(source["growth_factor"]),
+                 backoff_factor=float(source["backoff_factor"]),
+                 growth_interval=int(source["growth_interval"]),
+                 _growth_tracker=int(source["_growth_tracker"]))
+    return None

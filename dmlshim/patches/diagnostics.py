@@ -1,0 +1,459 @@
+"""What the shim did, told at exit: a summary on stderr and, with ``DMLSHIM_REPORT``, a JSON file.
+
+Installed last, so it sees every other patch. It
+
+* counts CPU fallbacks: torch-directml's ``UserWarning: The operator 'aten::X' is not currently
+  supported on the DML backend and will fall back to run on the CPU...`` (and the emulator's,
+  which has the same text) is caught where Python shows warnings (``warnings._showwarnmsg``,
+  which both ``warnings.warn`` and C code's ``PyErr_WarnEx`` reach). torch-directml warns once
+  per op, so on real DirectML a count means "ops seen"; the emulator keeps exact counts
+  (``dmlshim.emulator.fallback_counts()``), which the report uses instead. A warning the script
+  filters out (``warnings.simplefilter("ignore")``) is never shown, so it is not counted;
+* remembers how the script ended: an exception or Ctrl-C (``sys.excepthook``, which both Python
+  and the runner call), ``sys.exit(n)``, or normally;
+* at exit (``atexit``: runs after a normal end, an uncaught exception, ``sys.exit`` and
+  KeyboardInterrupt alike — not after ``os._exit`` or a kill signal) logs the summary — at
+  ``info`` always, at the default ``warning`` level only when something needs attention (CPU
+  fallbacks, unsupported CUDA APIs hit, problems patches reported through
+  :func:`dmlshim.events.attention`) — and writes the report.
+
+Reports and child processes: the first process that installs with ``report=PATH`` owns
+``PATH`` (it exports ``DMLSHIM_REPORT_OWNER=<pid>:<abs path>``, which children inherit). Any
+other process with the same report option — a spawned DataLoader worker, a training rank, a
+subprocess — writes ``PATH`` with ``.<pid>`` before the extension instead, and only if it
+recorded anything; a forked child starts with empty records. So children never overwrite the
+parent's report, and workers that did nothing leave no files.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import json
+import logging
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from typing import Any, Dict, List, Optional
+
+from dmlshim import events
+from dmlshim.patching import Patch
+
+log = logging.getLogger("dmlshim")
+
+SCHEMA_VERSION = 1
+REPORT_OWNER_ENV = "DMLSHIM_REPORT_OWNER"  # internal: "<pid>:<absolute report path>"
+FALLBACK_RE = re.compile(
+    r"The operator '([^']+)' is not currently supported on the DML backend and will fall back "
+    r"to run on the CPU")
+
+# Counters (events.note) that mean a problem, and what the summary says about them. Patches can
+# also report problems directly with events.attention(key, message).
+ATTENTION_NOTES = {
+    "optimizer.stale": ("optimizer(s) kept stepping {n} parameter(s) the model no longer holds "
+                        "(DMLSHIM_OPTIMIZER=off), so those weights did not train; unset "
+                        "DMLSHIM_OPTIMIZER or build the optimizer after model.to(...)"),
+}
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_active: Optional[DiagnosticsPatch] = None
+_fork_hook_registered = False
+
+
+def child_report_path(path: str, pid: int) -> str:
+    """``run/report.json`` -> ``run/report.<pid>.json`` (the report of a child process)."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.{pid}{ext}" if ext else f"{path}.{pid}"
+
+
+def _after_fork_in_child() -> None:
+    # A forked child reports what it did itself, from the fork on.
+    if _active is not None and _active.installed:
+        events.after_fork_in_child()
+        _active._reset_outcome()
+        _active._started = time.time()
+        _active._started_mono = time.monotonic()
+
+
+def _caller_file() -> str:
+    """File of the code that called the wrapped function (wrapt's own frames skipped)."""
+    frame = sys._getframe(2)
+    while frame is not None and os.sep + "wrapt" + os.sep in frame.f_code.co_filename:
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame.f_code.co_filename if frame is not None else ""
+
+
+def _utc(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(
+        timespec="seconds").replace("+00:00", "Z")
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, bool):
+        return int(code)
+    if isinstance(code, int):
+        return code
+    return 1  # sys.exit("message") prints the message and exits with 1
+
+
+class DiagnosticsPatch(Patch):
+    name = "diagnostics"
+
+    def applies(self, target) -> bool:
+        return True
+
+    # -- install ----------------------------------------------------------------------------
+
+    def _install(self, target, config) -> None:
+        global _active, _fork_hook_registered
+        self._target, self._config = target, config
+        self._started = time.time()
+        self._started_mono = time.monotonic()
+        self._reset_outcome()
+        self._report_path = os.path.abspath(config.report) if config.report else ""
+        self._owner_pid = os.getpid()
+
+        # _showwarnmsg is where both warnings.warn and C code's PyErr_WarnEx end up when a
+        # warning is shown; showwarning is the documented fallback (it misses nothing that a
+        # replaced showwarning would not miss too).
+        if hasattr(warnings, "_showwarnmsg"):
+            self.wrap(warnings, "_showwarnmsg", self._on_warning)
+        else:  # pragma: no cover - every CPython from 3.6 to 3.14 has it
+            self.wrap(warnings, "showwarning", self._on_showwarning)
+        self.wrap(sys, "excepthook", self._on_excepthook)
+        self.wrap(sys, "exit", self._on_sys_exit)
+        atexit.register(self._at_exit)
+        self.on_undo(lambda: atexit.unregister(self._at_exit))
+        if self._report_path:
+            self._claim_report()
+
+        _active = self
+
+        def forget() -> None:
+            global _active
+            if _active is self:
+                _active = None
+
+        self.on_undo(forget)
+        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)  # cannot be unregistered
+            _fork_hook_registered = True
+
+    def _claim_report(self) -> None:
+        """Own the report path unless a parent process already does (see the module doc)."""
+        previous = os.environ.get(REPORT_OWNER_ENV)
+        pid_text, _, owned_path = (previous or "").partition(":")
+        if previous and owned_path == self._report_path and pid_text.isdigit() \
+                and int(pid_text) != os.getpid():
+            self._owner_pid = int(pid_text)
+        else:
+            self._set_env(REPORT_OWNER_ENV, f"{os.getpid()}:{self._report_path}")
+        # Children resolve a relative DMLSHIM_REPORT against their own working directory;
+        # export the absolute path so they recognise the parent's claim.
+        if os.environ.get("DMLSHIM_REPORT") == self._config.report:
+            self._set_env("DMLSHIM_REPORT", self._report_path)
+
+    def _set_env(self, name: str, value: str) -> None:
+        old = os.environ.get(name)
+        os.environ[name] = value
+
+        def restore() -> None:
+            if os.environ.get(name) != value:
+                return  # changed by someone else since; leave it
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+        self.on_undo(restore)
+
+    def _reset_outcome(self) -> None:
+        self._how = "finished"
+        self._exit_code: Optional[int] = None
+        self._exception: Optional[str] = None
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _on_warning(self, wrapped, instance, args, kwargs):
+        try:
+            msg = args[0] if args else kwargs.get("msg")
+            match = FALLBACK_RE.search(str(getattr(msg, "message", "")))
+            if match is not None:
+                events.fallback(match.group(1))
+        except Exception:  # pragma: no cover - never let bookkeeping break warnings
+            log.debug("dmlshim: fallback capture failed", exc_info=True)
+        return wrapped(*args, **kwargs)
+
+    def _on_showwarning(self, wrapped, instance, args, kwargs):  # pragma: no cover
+        message = args[0] if args else kwargs.get("message")
+        match = FALLBACK_RE.search(str(message))
+        if match is not None:
+            events.fallback(match.group(1))
+        return wrapped(*args, **kwargs)
+
+    def _on_excepthook(self, wrapped, instance, args, kwargs):
+        etype = args[0] if args else kwargs.get("exctype")
+        value = args[1] if len(args) > 1 else kwargs.get("value")
+        if isinstance(etype, type) and issubclass(etype, KeyboardInterrupt):
+            self._how, self._exit_code = "interrupted", 130
+            self._exception = "KeyboardInterrupt"
+        elif isinstance(etype, type) and not issubclass(etype, SystemExit):
+            self._how, self._exit_code = "exception", 1
+            try:
+                detail = str(value)
+            except Exception:  # a broken __str__ must not hide the traceback
+                detail = ""
+            text = f"{etype.__name__}: {detail}" if detail else etype.__name__
+            self._exception = text if len(text) <= 500 else text[:497] + "..."
+        return wrapped(*args, **kwargs)
+
+    def _on_sys_exit(self, wrapped, instance, args, kwargs):
+        code = _exit_code(args[0] if args else kwargs.get("status"))
+        caller = _caller_file()
+        if caller.startswith(_PKG_DIR):
+            # the runner's own sys.exit(status) after the script: the final exit status
+            if self._how == "finished" and code != 0:
+                self._how = "exit"  # the script raised SystemExit(n) itself
+        elif self._how == "finished" or self._how == "exit":
+            self._how = "exit"
+        self._exit_code = code
+        return wrapped(*args, **kwargs)
+
+    # -- at exit ------------------------------------------------------------------------------
+
+    def _at_exit(self) -> None:
+        if not self.installed:
+            return
+        try:
+            self._finish()
+        except Exception:  # pragma: no cover - exit must go on
+            log.debug("dmlshim: exit summary failed", exc_info=True)
+
+    def _finish(self) -> None:
+        owner = os.getpid() == self._owner_pid
+        if not owner and not events.has_activity():
+            return  # a worker that did nothing: no summary, no file
+        report = self.report()
+        written = None
+        if self._report_path:
+            path = self._report_path if owner else child_report_path(self._report_path, os.getpid())
+            written = write_report(report, path)
+        lines = summary_lines(report, written)
+        level = logging.WARNING if report["attention"] else logging.INFO
+        if log.isEnabledFor(level):
+            for line in lines:
+                log.log(level, "%s", line)
+
+    def report(self) -> Dict[str, Any]:
+        """The report as a dict (what ``DMLSHIM_REPORT`` writes; see report_schema.json)."""
+        from dmlshim import __version__, api
+
+        target, config = self._target, self._config
+        now = time.time()
+        recorded = events.summary_dict()
+        fallbacks, counting = fallback_counts(target)
+        attention = attention_messages(recorded, fallbacks, counting)
+        owner = os.getpid() == self._owner_pid
+        outcome_code = self._exit_code if self._exit_code is not None else (
+            0 if self._how == "finished" else None)
+        by_api = {a: {"count": n, "tag": recorded["api_tags"].get(a, "redirected")}
+                  for a, n in sorted(recorded["api_counts"].items())}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "dmlshim_version": __version__,
+            "started": _utc(self._started),
+            "ended": _utc(now),
+            "duration_s": round(time.monotonic() - self._started_mono, 3),
+            "process": {
+                "pid": os.getpid(),
+                "role": "main" if owner else "child",
+                "report_owner_pid": self._owner_pid,
+                "argv": list(sys.argv),
+                "cwd": _cwd(),
+            },
+            "environment": {
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "torch": _torch_version(),
+                "torch_directml": _directml_version(),
+            },
+            "target": {
+                "kind": target.kind, "count": target.count, "index": target.index,
+                "reason": target.reason, "names": list(target.names),
+                "float64": list(target.float64),
+            },
+            "options": {name: {"value": value, "source": config.sources.get(name, "default")}
+                        for name, value in config.values.items()},
+            "patches": api.installed_patches(),
+            "outcome": {"how": self._how, "exit_code": outcome_code,
+                        "exception": self._exception},
+            "calls": {
+                "total": sum(recorded["api_counts"].values()),
+                "by_api": by_api,
+                "by_tag": dict(sorted(recorded["tag_counts"].items())),
+            },
+            "call_sites_recorded": events.tracing(),
+            "call_sites": [_site_dict(s) for s in recorded["call_sites"]],
+            "notes": dict(sorted(recorded["notes"].items())),
+            "cpu_fallbacks": {
+                "counting": counting,
+                "ops": dict(sorted(fallbacks.items(), key=lambda kv: (-kv[1], kv[0]))),
+                "total": sum(fallbacks.values()),
+            },
+            "attention": attention,
+        }
+
+
+# -- report pieces ----------------------------------------------------------------------------
+
+def _site_dict(site: Dict[str, Any]) -> Dict[str, Any]:
+    keys = ("file", "line", "api", "call", "original", "became", "tag", "count")
+    return {k: site[k] for k in keys}
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # pragma: no cover - deleted working directory
+        return ""
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _directml_version() -> Optional[str]:
+    mod = sys.modules.get("torch_directml")
+    if mod is not None and getattr(mod, "__version__", None):
+        return str(mod.__version__)
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        return version("torch-directml")
+    except PackageNotFoundError:
+        return None
+
+
+def fallback_counts(target) -> tuple:
+    """({op: count}, counting) — exact counts from the emulator, else warnings seen."""
+    if target is not None and target.kind == "emulated-dml":
+        try:
+            from dmlshim import emulator
+
+            exact = emulator.fallback_counts()
+        except (ImportError, AttributeError):
+            exact = None
+        if exact is not None:
+            ops = {_op_name(op): int(n) for op, n in dict(exact).items() if n}
+            return ops, "exact"
+    return dict(events.cpu_fallbacks), "warnings"
+
+
+def _op_name(op: str) -> str:
+    return op if "::" in op else "aten::" + op
+
+
+def attention_messages(recorded: Dict[str, Any], fallbacks: Dict[str, int],
+                       counting: str) -> List[str]:
+    out: List[str] = []
+    if fallbacks:
+        names = ", ".join(sorted(fallbacks))
+        out.append(f"{len(fallbacks)} op(s) ran on the CPU instead of the device: {names}; "
+                   "every such call copies its tensors to the host and back (slower, not wrong)")
+    unsupported = sorted(a for a, t in recorded["api_tags"].items() if t == "unsupported")
+    if unsupported:
+        out.append("the script called CUDA APIs that have no equivalent here (they raised): "
+                   + ", ".join(unsupported))
+    for name, template in ATTENTION_NOTES.items():
+        n = recorded["notes"].get(name)
+        if n:
+            out.append(template.format(n=n))
+    out.extend(recorded["attention"])
+    return out
+
+
+def summary_lines(report: Dict[str, Any], written: Optional[str] = None) -> List[str]:
+    """The exit summary, one log line each (the handler prefixes ``dmlshim: ``)."""
+    t = report["target"]
+    lines = [f"summary: target {t['kind']} ({t['reason']}); "
+             f"{report['duration_s']:.1f} s; script {_outcome_text(report['outcome'])}"]
+    if report["process"]["role"] == "child":
+        lines[0] += f" [child process {report['process']['pid']}]"
+    calls = report["calls"]
+    if calls["total"]:
+        sites = len(report["call_sites"])
+        where = f" at {sites} call site(s)" if report["call_sites_recorded"] else ""
+        lines.append(f"  calls changed: {calls['total']}{where}")
+        by_tag: Dict[str, List[str]] = {}
+        for api_name, info in calls["by_api"].items():
+            by_tag.setdefault(info["tag"], []).append(f"{api_name} x{info['count']}")
+        for tag in events.TAGS + tuple(sorted(set(by_tag) - set(events.TAGS))):
+            if tag in by_tag:
+                lines.append(f"    {tag}: " + ", ".join(by_tag[tag]))
+    else:
+        lines.append("  calls changed: none")
+    groups: Dict[str, List[str]] = {}
+    for name, n in report["notes"].items():
+        group, _, rest = name.partition(".")
+        groups.setdefault(group, []).append(f"{rest or group} x{n}")
+    for group in sorted(groups):
+        label = {"optimizer": "optimizer", "guard": "guards applied"}.get(group, group)
+        lines.append(f"  {label}: " + ", ".join(groups[group]))
+    fb = report["cpu_fallbacks"]
+    if fb["ops"]:
+        if fb["counting"] == "exact":
+            head = "  CPU fallbacks (calls): "
+            items = [f"{op} x{n}" for op, n in fb["ops"].items()]
+        else:
+            head = "  CPU fallbacks (ops seen; torch-directml warns once per op): "
+            items = list(fb["ops"])
+        lines.append(head + ", ".join(items))
+    for message in report["attention"]:
+        lines.append("  needs attention: " + message)
+    if written:
+        lines.append(f"  report: {written}")
+    return lines
+
+
+def _outcome_text(outcome: Dict[str, Any]) -> str:
+    how = outcome["how"]
+    if how == "finished":
+        return "finished"
+    if how == "exit":
+        return f"called sys.exit({outcome['exit_code']})"
+    if how == "interrupted":
+        return "was interrupted (KeyboardInterrupt)"
+    return f"raised {outcome['exception']}"
+
+
+def write_report(report: Dict[str, Any], path: str) -> Optional[str]:
+    """Write ``report`` to ``path`` atomically; the path on success, None (and a warning) if not."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+        return path
+    except OSError as err:
+        log.warning("could not write the report to %s: %s (check DMLSHIM_REPORT)", path, err)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return None
+
+
+def schema_path() -> str:
+    """Where the report's JSON schema lives."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "report_schema.json")

@@ -1,0 +1,222 @@
+"""Optimizers and LR schedulers stay bound to the live Parameters (``DMLSHIM_OPTIMIZER``).
+
+The stall
+---------
+``torch.nn.Module._apply`` (behind ``.to()``, ``.cuda()``, ``.cpu()``, ``.half()``, ...) keeps a
+Parameter object only when ``torch._has_compatible_shallow_copy_type(old, new)`` holds, and
+PrivateUse1 -- DirectML's backend -- is not on c10's list of compatible dense backends. So on
+DirectML every move between the CPU and the adapter builds *new* Parameter objects. An optimizer
+built before ``model.to(dml)``, or kept across a ``model.cpu()`` / save / ``model.to(dml)``
+bounce, or across ``model.load_state_dict(sd, assign=True)``, goes on stepping the old tensors:
+no error, the loss just stays flat. Tied weights come out as two copies. It is not DirectML's
+"graph handling"; it is object identity. ``torch.__future__.set_overwrite_module_params_on_
+conversion(True)`` reproduces it on any machine.
+
+Policies
+--------
+``rebind`` (default): after every conversion, each optimizer holds the new Parameters; its state
+(momentum buffers, Adam moments, step counts) is re-keyed and moved to the parameter's device,
+once, the old copies dropped; tied Parameters come out as one Parameter again. LR schedulers,
+GradScaler and ``swa_utils.AveragedModel`` hold the optimizer object or iterate
+``model.parameters()`` afresh, so they need nothing else. A script that already re-creates its
+optimizer every epoch (the published workaround) keeps its state and LR schedule: see
+:mod:`dmlshim.rebind.workaround`.
+``reset``: as ``rebind``, and optimizer state is cleared at each epoch boundary -- what the
+workaround achieves, done for the user. ``off``: nothing changes (the stall stays); an optimizer
+found stepping replaced Parameters at an epoch boundary is reported once, with the fix.
+
+Mechanism: a remap, not ``torch.utils.swap_tensors``
+----------------------------------------------------
+``set_swap_module_params_on_conversion(True)`` keeps Parameter identity by swapping the tensors'
+contents, but ``swap_tensors`` refuses any tensor with a weakref (``torch.compile``,
+parametrizations and ``torch.utils.weak`` users hold them), a tensor whose ``use_count`` is
+raised by a live autograd graph or by a C++ holder (RNN flat weights on some backends), and it
+would leave optimizer state on the old device anyway. It is also untested on torch-directml
+0.2.5's tensors and on the emulator's. The remap works whatever made the new Parameters (DirectML,
+the overwrite flag, another PrivateUse1 backend, ``assign=True``): ``Module._apply`` and
+``Module.load_state_dict`` are wrapped at their *outermost* call only; before it we list the
+module tree's ``(module, name) -> Parameter`` slots, after it any slot holding another object
+gives the old->new map, applied to every tracked optimizer. Optimizers are tracked from
+``Optimizer.__init__`` (and, once at install, by a ``gc`` scan for those built earlier).
+
+Nothing runs per step or per op: the hooks are conversions, ``load_state_dict``, optimizer and
+scheduler construction, and the epoch-boundary events (DataLoader pass start, scheduler step,
+``train()`` after ``eval()``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Tuple
+
+import torch
+import torch.utils.data
+
+from dmlshim.patching import Patch
+from dmlshim.rebind import boundaries, remap, workaround
+from dmlshim.rebind.registry import REGISTRY, SCHEDULER_TYPES
+
+
+def _replace_fn(args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                make: Callable[[Any], Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """``Module._apply(fn, recurse=True)`` with ``fn`` replaced by ``make(fn)``."""
+    if args:
+        return (make(args[0]),) + tuple(args[1:]), kwargs
+    if "fn" in kwargs:
+        kwargs = dict(kwargs)
+        kwargs["fn"] = make(kwargs["fn"])
+    return args, kwargs
+
+
+def scheduler_classes_with_step() -> Tuple[type, ...]:
+    """torch's scheduler classes that define their own ``step`` (and so need their own hook)."""
+    import torch.optim.lr_scheduler as lrs
+
+    found = []
+    for value in vars(lrs).values():
+        if isinstance(value, type) and issubclass(value, SCHEDULER_TYPES) \
+                and "step" in vars(value):
+            found.append(value)
+    return tuple(found)
+
+
+class HookedLookup:
+    """A method that runs ``before(instance)`` when it is looked up on an instance and then
+    hands out the original bound method.
+
+    Used for ``scheduler.step``: torch warns from there with ``stacklevel=2`` ("Detected call of
+    `lr_scheduler.step()` before `optimizer.step()`", the ``epoch`` deprecation), and a wrapper
+    frame would move those warnings from the user's line onto dmlshim's. Here the call itself
+    is made by the caller's frame. (Runs on lookup, so ``SequentialLR`` stepping its children
+    looks up their ``step`` too: a boundary seen twice at once, which changes nothing.)
+    """
+
+    def __init__(self, func: Callable[..., Any], before: Callable[[Any], None]) -> None:
+        self.__wrapped__ = func
+        self._before = before
+        self.__doc__ = getattr(func, "__doc__", None)
+        self.__name__ = getattr(func, "__name__", "step")
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self.__wrapped__
+        self._before(instance)
+        return self.__wrapped__.__get__(instance, owner)
+
+
+class OptimizerRebindPatch(Patch):
+    name = "optim"
+
+    def applies(self, target) -> bool:
+        # Parameters get replaced wherever a PrivateUse1 backend, the overwrite flag or
+        # assign=True is involved, so every target that is not inert gets the hooks.
+        return True
+
+    def _install(self, target, config) -> None:
+        policy = config.optimizer
+        local = threading.local()
+        REGISTRY.clear()
+        self.on_undo(REGISTRY.clear)
+        self.on_undo(boundaries.clear_sites)
+
+        def after(slots, retie: str, api: str) -> None:
+            mapping = remap.collect_replacements(slots, retie if policy != "off" else "never",
+                                                 api)
+            if mapping and policy != "off":
+                remap.rebind_all(mapping, REGISTRY.live_optimizers(), api)
+
+        # -- conversions ----------------------------------------------------------------------
+        def module_apply(wrapped, instance, args, kwargs):
+            if getattr(local, "converting", False) or not isinstance(instance, torch.nn.Module):
+                return wrapped(*args, **kwargs)
+            slots = remap.parameter_slots(instance)
+            if policy != "off":
+                tied = remap.tied_tensors(slots)
+                if tied:
+                    args, kwargs = _replace_fn(args, kwargs,
+                                               lambda fn: remap.memoize_for(tied, fn))
+            local.converting = True
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                local.converting = False
+                after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
+
+        def module_load_state_dict(wrapped, instance, args, kwargs):
+            if getattr(local, "loading", False) or not isinstance(instance, torch.nn.Module):
+                return wrapped(*args, **kwargs)
+            slots = remap.parameter_slots(instance)
+            local.loading = True
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                local.loading = False
+                after(slots, "if_aliased", "optimizer rebind after Module.load_state_dict")
+
+        self.wrap(torch.nn.Module, "_apply", module_apply)
+        self.wrap(torch.nn.Module, "load_state_dict", module_load_state_dict)
+
+        # -- optimizers -----------------------------------------------------------------------
+        def optimizer_init(wrapped, instance, args, kwargs):
+            result = wrapped(*args, **kwargs)
+            info = REGISTRY.track_optimizer(instance, boundaries.user_site())
+            if policy != "off":
+                # built over a list of parameters taken before a conversion replaced them
+                mapping = remap.mapping_from_registry(instance)
+                if mapping:
+                    remap.rebind_all(mapping, [instance],
+                                     "optimizer built over replaced parameters")
+            if policy == "rebind":
+                message = workaround.on_new_optimizer(instance, info)
+                if message:
+                    boundaries.warn_at_user_site(message, workaround.RecreatedOptimizerWarning)
+            return result
+
+        self.wrap(torch.optim.Optimizer, "__init__", optimizer_init)
+
+        # -- LR schedulers --------------------------------------------------------------------
+        def scheduler_init(wrapped, instance, args, kwargs):
+            depth = getattr(local, "sched_init", 0)
+            local.sched_init = depth + 1
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                local.sched_init = depth
+            REGISTRY.track_scheduler(instance)
+            return result
+
+        def before_scheduler_step(instance) -> None:
+            # the first step() that __init__ makes is not a boundary
+            if not getattr(local, "sched_init", 0):
+                boundaries.on_scheduler_step(instance, policy)
+
+        for cls in dict.fromkeys(SCHEDULER_TYPES):
+            self.wrap(cls, "__init__", scheduler_init)
+        for cls in scheduler_classes_with_step():
+            self.replace(cls, "step", HookedLookup(vars(cls)["step"], before_scheduler_step))
+
+        # -- epoch boundaries -----------------------------------------------------------------
+        def loader_iter(wrapped, instance, args, kwargs):
+            boundaries.on_loader_iter(instance, policy)
+            iterator = wrapped(*args, **kwargs)
+            boundaries.remember_iterator(instance, iterator)
+            return iterator
+
+        def module_train(wrapped, instance, args, kwargs):
+            if getattr(local, "training", False) or not isinstance(instance, torch.nn.Module):
+                return wrapped(*args, **kwargs)
+            mode = args[0] if args else kwargs.get("mode", True)
+            was_eval = not instance.training
+            local.training = True
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                local.training = False
+            if mode and was_eval:
+                boundaries.on_train_after_eval(policy)
+            return result
+
+        self.wrap(torch.utils.data.DataLoader, "__iter__", loader_iter)
+        self.wrap(torch.nn.Module, "train", module_train)
+
+        REGISTRY.discover_existing()

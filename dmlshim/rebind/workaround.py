@@ -1,0 +1,179 @@
+"""Scripts that already carry the DirectML workaround: a new optimizer every epoch.
+
+The widely shared advice is to build the optimizer inside the epoch loop. On DirectML without
+dmlshim that avoids the stall, but every re-creation throws away momentum buffers / Adam moments,
+and an LR scheduler built on the first optimizer keeps adjusting an optimizer nobody steps.
+
+Under ``rebind`` a new optimizer of the same class over exactly the same parameters (same
+groups, same order) as a live one *continues* it, so the run trains like the same script with the
+optimizer built once:
+
+* it must have the same class, parameters and constructor arguments (``lr`` aside: a new ``lr``
+  each epoch is a hand-made schedule); anything else is another optimizer and is left alone;
+* it shares the predecessor's per-parameter state (the same dicts: nothing is copied);
+* per group, each hyperparameter the script passed unchanged (same value as the predecessor's
+  constructor got) takes the predecessor's current value -- the value a scheduler set -- and
+  keys a scheduler added (``initial_lr``, ``max_lr``, ...) are carried over; a value the script
+  changed on purpose (a hand-made LR schedule) is kept;
+* LR schedulers driving the predecessor follow the new optimizer when its learning rates were
+  carried over.
+
+One warning per call site says the workaround is unnecessary and what it costs without dmlshim.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from dmlshim import events
+from dmlshim.rebind.registry import REGISTRY, OptimizerInfo
+
+log = logging.getLogger("dmlshim")
+
+_MISSING = object()
+
+
+class RecreatedOptimizerWarning(UserWarning):
+    """An optimizer was re-created over the parameters of a live one (the DirectML workaround)."""
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        try:
+            return a.shape == b.shape and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
+        except Exception:
+            return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _same_params(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    ga, gb = a.param_groups, b.param_groups
+    if len(ga) != len(gb):
+        return False
+    for x, y in zip(ga, gb):
+        px, py = x["params"], y["params"]
+        if len(px) != len(py) or any(p is not q for p, q in zip(px, py)):
+            return False
+    return True
+
+
+def _same_settings(a: OptimizerInfo, b: OptimizerInfo) -> bool:
+    """Same constructor hyperparameters, the learning rate aside (re-creating an optimizer with
+    a new ``lr`` each epoch is a hand-made schedule; anything else makes it another optimizer)."""
+    if len(a.ctor_groups) != len(b.ctor_groups):
+        return False
+    for ga, gb in zip(a.ctor_groups, b.ctor_groups):
+        if set(ga) != set(gb):
+            return False
+        if any(k != "lr" and not _same_value(ga[k], gb[k]) for k in ga):
+            return False
+    return True
+
+
+def predecessor(new: torch.optim.Optimizer,
+                new_info: OptimizerInfo) -> Optional[torch.optim.Optimizer]:
+    """The newest live optimizer of the same class and settings over the same parameters."""
+    best = None
+    best_seq = -1
+    for opt, info in list(REGISTRY.optimizers.items()):
+        if opt is new or type(opt) is not type(new) or info.seq < best_seq:
+            continue
+        if _same_params(opt, new) and _same_settings(info, new_info):
+            best, best_seq = opt, info.seq
+    return best
+
+
+def continue_from(new: torch.optim.Optimizer, old: torch.optim.Optimizer,
+                  new_info: OptimizerInfo) -> bool:
+    """Make ``new`` carry on where ``old`` is. Returns whether its learning rates followed."""
+    old_info = REGISTRY.info(old)
+    old_ctor = old_info.ctor_groups if old_info is not None else []
+    lr_followed = True
+    for i, (g_new, g_old) in enumerate(zip(new.param_groups, old.param_groups)):
+        ctor_new = new_info.ctor_groups[i] if i < len(new_info.ctor_groups) else {}
+        ctor_old = old_ctor[i] if i < len(old_ctor) else {}
+        for key, current in g_old.items():
+            if key == "params":
+                continue
+            if key not in ctor_new:
+                g_new.setdefault(key, current)  # added by a scheduler (initial_lr, max_lr, ...)
+            elif _same_value(ctor_new[key], ctor_old.get(key, _MISSING)):
+                g_new[key] = current
+            elif key == "lr":
+                lr_followed = False
+    # Share the per-parameter state dicts: one copy of the momentum/moments, stepped by `new`.
+    for group in new.param_groups:
+        for p in group["params"]:
+            if p in old.state:
+                new.state[p] = old.state[p]
+    return lr_followed
+
+
+def _track_step_for_scheduler(opt: torch.optim.Optimizer, old: torch.optim.Optimizer) -> None:
+    """What ``LRScheduler.__init__`` does to its optimizer: mark ``step`` so the scheduler can
+    check it was called (without it, torch warns that ``optimizer.step()`` was overridden)."""
+    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+        return
+    func = getattr(opt.step, "__func__", None)
+    if func is None:
+        return
+    opt_ref = weakref.ref(opt)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        o = opt_ref()
+        o._opt_called = True  # type: ignore[union-attr]
+        return func.__get__(o, o.__class__)(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    opt.step = wrapper  # type: ignore[method-assign]
+    if getattr(old, "_opt_called", False):
+        opt._opt_called = True  # type: ignore[attr-defined]
+
+
+def move_schedulers(new: torch.optim.Optimizer, old: torch.optim.Optimizer) -> int:
+    moved = 0
+    for sched in REGISTRY.live_schedulers():
+        if getattr(sched, "optimizer", None) is old:
+            sched.optimizer = new
+            if isinstance(sched, torch.optim.lr_scheduler.LRScheduler) and \
+                    not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                _track_step_for_scheduler(new, old)
+            moved += 1
+    return moved
+
+
+def on_new_optimizer(new: torch.optim.Optimizer, info: OptimizerInfo) -> Optional[str]:
+    """Called right after an optimizer is built (``rebind`` only). Returns the warning text if
+    the optimizer re-creates a live one, else None."""
+    old = predecessor(new, info)
+    if old is None:
+        return None
+    lr_followed = continue_from(new, old, info)
+    moved = move_schedulers(new, old) if lr_followed else 0
+    events.note("optimizer.recreated")
+    name = type(new).__name__
+    log.debug("%s re-created over the parameters of a live one: state carried over, "
+              "%d scheduler(s) moved", name, moved)
+    what = ("the momentum buffers / Adam moments and the LR schedule were carried over"
+            if moved else "the momentum buffers / Adam moments were carried over")
+    return (f"dmlshim: a new {name} was created over the same parameters as an existing one "
+            f"(the 're-create the optimizer every epoch' DirectML workaround). With dmlshim it is "
+            f"unnecessary: optimizers stay bound to the model's parameters. Without dmlshim this "
+            f"pattern throws away the optimizer state at every re-creation and leaves an LR "
+            f"scheduler built on the first optimizer driving an optimizer nobody steps; here "
+            f"{what}, so training goes on as with one optimizer. Build the optimizer once, "
+            f"before the loop (to reset its state on purpose, call optimizer.state.clear()).")
+

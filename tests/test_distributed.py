@@ -1,0 +1,295 @@
+"""torch.distributed for scripts written for NCCL: nccl -> gloo, staging through the CPU on
+DirectML, DDP, DataParallel; torchrun and mp.spawn launches with 2 processes.
+
+The launches cost several seconds each on a 2-core machine, so there are few of them: one
+native torchrun run as the reference, the same script under the shim on the CPU target and on
+emulated-dml, a shimmed launcher, and the mp.spawn script on both targets.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.helpers import CORPUS, clean_env, describe, losses, run_shim
+
+DIST = CORPUS / "dist"
+LAUNCH_TIMEOUT = 120  # two ranks importing torch on a loaded 2-core machine
+
+
+def _params(stdout: str) -> dict:
+    return dict(re.findall(r"^params (\d+) ([0-9a-f]{40})$", stdout, re.M))
+
+
+# -- pure rules ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("requested, cpu, dml", [
+    ("nccl", "gloo", "dmlshim"),
+    ("NCCL", "gloo", "dmlshim"),
+    ("gloo", "gloo", "dmlshim"),
+    (None, "gloo", "dmlshim"),
+    ("cuda:nccl,cpu:gloo", "gloo", "dmlshim"),
+    ("mpi", "mpi", "mpi"),
+    ("cpu:gloo,cuda:ucc", "cpu:gloo,cuda:ucc", "cpu:gloo,cuda:ucc"),
+])
+def test_actual_backend(requested, cpu, dml):
+    from dmlshim.patches.distributed import actual_backend
+
+    assert actual_backend(requested, SimpleNamespace(is_directml=False)) == cpu
+    assert actual_backend(requested, SimpleNamespace(is_directml=True)) == dml
+
+
+# -- in-process, one rank -----------------------------------------------------------------
+
+@pytest.fixture
+def one_rank():
+    import torch.distributed as dist
+
+    def init(backend, **kwargs):
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+
+    try:
+        yield init
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cuda:nccl,cpu:gloo"])
+def test_nccl_script_on_cpu_gets_gloo_and_is_told_nccl(shim, one_rank, backend):
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    shim(device="cpu")
+    assert dist.is_nccl_available() and dist.is_backend_available("nccl")
+    one_rank(backend, device_id=torch.device("cuda", 0))
+    assert dist.get_backend() == backend
+    assert c10d._world.pg_map[c10d._get_default_group()][0] == "gloo"  # what torch sees
+    t = torch.ones(3, device="cuda")
+    dist.all_reduce(t)
+    dist.barrier()
+    assert t.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_ddp_device_ids_and_set_device_on_cpu(shim, one_rank):
+    import torch.nn as nn
+
+    shim(device="cpu")
+    one_rank("nccl")
+    torch.cuda.set_device(1)  # rank 1 of a torchrun job on a machine with one "GPU"
+    model = nn.Linear(4, 2).cuda(1)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[1], output_device=1)
+    assert ddp.device_ids is None
+    ddp(torch.randn(3, 4, device="cuda")).sum().backward()
+    assert model.weight.grad is not None
+
+
+def test_staging_group_runs_every_collective_through_the_cpu(one_rank):
+    # Stage every tensor, CPU ones included: the staging path, without a DirectML device.
+    import torch.distributed as dist
+    from torch.distributed import Backend
+
+    from dmlshim import events
+    from dmlshim.patches.distributed import StagingProcessGroup
+
+    events.reset()
+    staged = []
+
+    def create(store, rank, size, timeout):
+        return StagingProcessGroup(store, rank, size, timeout,
+                                   stage=lambda t: staged.append(t.shape) or True)
+
+    saved = (list(Backend.backend_list), dict(Backend.backend_capability),
+             dict(Backend.backend_type_map), dict(Backend._plugins),
+             dict(Backend.default_device_backend_map))
+    Backend.register_backend("stagetest", create, devices=["cpu"])
+    try:
+        one_rank("stagetest")
+        t = torch.tensor([2.0, 3.0])
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        out = [torch.zeros(2)]
+        dist.all_gather(out, t)
+        flat = torch.zeros(2)
+        with warnings.catch_warnings():  # deprecated in torch 2.13 for all_gather_single,
+            warnings.simplefilter("ignore", FutureWarning)  # which torch 2.4 lacks
+            dist.all_gather_into_tensor(flat, t)
+        dist.barrier()
+        objs = [None]
+        dist.all_gather_object(objs, {"rank": 0})
+        assert t.tolist() == out[0].tolist() == flat.tolist() == [2.0, 3.0]
+        assert objs == [{"rank": 0}]
+        model = torch.nn.Linear(3, 1)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp(torch.randn(4, 3)).sum().backward()
+        assert model.weight.grad is not None
+        assert events.notes["distributed.staged.allreduce"] >= 2  # the script's + DDP's bucket
+        assert events.notes["distributed.staged.broadcast"] >= 2  # the script's + DDP's start
+        assert staged
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        Backend.backend_list[:] = saved[0]
+        for current, old in zip((Backend.backend_capability, Backend.backend_type_map,
+                                 Backend._plugins, Backend.default_device_backend_map),
+                                saved[1:]):
+            current.clear()
+            current.update(old)
+        del Backend.STAGETEST
+
+
+def test_emulated_dml_collectives_and_ddp_on_device_tensors(shim, one_rank):
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    from dmlshim import events
+    from dmlshim.patches.distributed import StagingProcessGroup
+
+    shim(device="emulated-dml")
+    one_rank("nccl")
+    assert isinstance(dist.group.WORLD, StagingProcessGroup)
+    assert dist.get_backend() == "nccl"
+    t = torch.full((3,), 2.0, device="cuda")
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    gathered = [torch.zeros(3, device="cuda")]
+    dist.all_gather(gathered, t)
+    assert t.device.type == gathered[0].device.type == "privateuseone"
+    assert gathered[0].tolist() == [2.0, 2.0, 2.0]
+    # DDP's start-up (parameter check, broadcast of rank 0's state) and a forward with buffer
+    # broadcast; no backward in this process: the autograd engine of a process that already
+    # ran a CPU backward has no queue for a device registered later (the emulator). The
+    # torchrun and mp.spawn tests train.
+    staged = events.notes["distributed.staged.broadcast"]
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).cuda()
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[0], output_device=0)
+    out = ddp(torch.randn(6, 4, device="cuda"))
+    assert out.device.type == "privateuseone"
+    assert events.notes["distributed.staged.broadcast"] > staged
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_data_parallel_on_emulated_adapters(shim, count):
+    import torch.nn as nn
+
+    shim(device=f"emulated-dml:{count}")
+    torch.manual_seed(0)
+    reference = nn.Linear(5, 3)
+    x = torch.randn(8, 5)
+    expected = reference(x)
+    model = nn.DataParallel(nn.Linear(5, 3), device_ids=list(range(count)))
+    model.module.load_state_dict(reference.state_dict())
+    model = model.cuda()
+    out = model(x.cuda())
+    assert out.device == torch.device("privateuseone", 0)
+    assert torch.allclose(out.cpu(), expected, atol=1e-6)
+    assert isinstance(model, nn.DataParallel) and model.module.weight.device == out.device
+
+
+def test_uninstall_restores_every_distributed_attribute(shim):
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed import Backend
+
+    import dmlshim
+
+    names = ("init_process_group", "new_group", "get_backend", "is_nccl_available",
+             "is_backend_available")
+    before = {(o.__name__, n): getattr(o, n) for o in (dist, c10d) for n in names}
+    ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+    dp_init = torch.nn.DataParallel.__init__
+    registry = (list(Backend.backend_list), dict(Backend.default_device_backend_map),
+                dict(Backend.backend_capability), dict(Backend._plugins))
+    shim(device="emulated-dml")
+    assert "dmlshim" in Backend.backend_list
+    dmlshim.uninstall()
+    for (owner, name), value in before.items():
+        assert getattr(sys.modules[owner], name) is value, name
+    assert torch.nn.parallel.DistributedDataParallel.__init__ is ddp_init
+    assert torch.nn.DataParallel.__init__ is dp_init
+    assert (list(Backend.backend_list), dict(Backend.default_device_backend_map),
+            dict(Backend.backend_capability), dict(Backend._plugins)) == registry
+    assert not hasattr(Backend, "DMLSHIM")
+
+
+# -- torchrun and mp.spawn, 2 processes ---------------------------------------------------
+
+def _torchrun(*args, device=None, launcher=("torchrun",), timeout=LAUNCH_TIMEOUT):
+    import subprocess
+
+    env = clean_env(**({"DMLSHIM_DEVICE": device} if device else {}))
+    if launcher == ("torchrun",):
+        cmd = [str(_torchrun_exe())]
+    else:
+        cmd = [sys.executable, *launcher]
+    cmd += ["--standalone", "--nproc_per_node=2", *args]
+    return subprocess.run(cmd, env=env, cwd=str(DIST), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _torchrun_exe():
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("torchrun")
+    return exe if exe.exists() else "torchrun"
+
+
+@pytest.fixture(scope="module")
+def native_torchrun():
+    proc = _torchrun("ddp_torchrun.py")
+    assert proc.returncode == 0, describe(proc)
+    return proc
+
+
+def _check_ddp_run(proc, native):
+    assert proc.returncode == 0, describe(proc)
+    params = _params(proc.stdout)
+    assert set(params) == {"0", "1"} and params["0"] == params["1"], describe(proc)
+    assert losses(proc.stdout) == losses(native.stdout) != [], describe(proc)
+    assert params == _params(native.stdout)
+    assert "backend nccl nccl_available True" in proc.stdout
+    for rank in (0, 1):
+        assert re.search(rf"^collectives {rank} broadcast=\[2.0, 2.0\] all_gather=\[0.0, 1.0\]",
+                         proc.stdout, re.M), describe(proc)
+
+
+def test_torchrun_ddp_written_for_nccl_on_cpu(native_torchrun):
+    proc = _torchrun("-m", "dmlshim", "ddp_torchrun.py", device="cpu")
+    _check_ddp_run(proc, native_torchrun)
+    assert "on=cpu" in proc.stdout
+
+
+def test_torchrun_ddp_written_for_nccl_on_emulated_dml(native_torchrun):
+    # python -m torch.distributed.run is torchrun; two ranks share the one emulated adapter
+    proc = _torchrun("-m", "dmlshim", "ddp_torchrun.py", device="emulated-dml",
+                     launcher=("-m", "torch.distributed.run"))
+    _check_ddp_run(proc, native_torchrun)
+    assert "on=privateuseone" in proc.stdout
+
+
+def test_shimmed_launcher_passes_the_shim_to_its_ranks(native_torchrun):
+    # python -m dmlshim -m torch.distributed.run train.py: the ranks get it through the bootstrap
+    proc = _torchrun("ddp_torchrun.py", launcher=("-m", "dmlshim", "--device", "emulated-dml",
+                                                  "-m", "torch.distributed.run"))
+    _check_ddp_run(proc, native_torchrun)
+    assert "on=privateuseone" in proc.stdout
+
+
+def test_mp_spawn_ddp_on_cpu_and_emulated_dml():
+    # world size 2 on one adapter: the ranks' set_device(1) wraps to adapter 0
+    cpu = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="cpu", timeout=LAUNCH_TIMEOUT)
+    assert cpu.returncode == 0, describe(cpu)
+    emulated = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="emulated-dml",
+                        timeout=LAUNCH_TIMEOUT)
+    assert emulated.returncode == 0, describe(emulated)
+    for proc in (cpu, emulated):
+        params = _params(proc.stdout)
+        assert set(params) == {"0", "1"} and params["0"] == params["1"], describe(proc)
+    assert losses(emulated.stdout) == losses(cpu.stdout) != []
+    assert _params(emulated.stdout) == _params(cpu.stdout)
+

@@ -1,0 +1,185 @@
+"""Guards against torch-directml 0.2.5's silent wrong results, tested against the emulator's
+reproductions of the bugs (switches bug-ce-none, bug-mul-bool, bug-bn-stats).
+
+Training with backward on the emulator runs in a subprocess: the autograd engine of a process
+that already ran a CPU backward has no device queue for a backend registered later.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import clean_env, describe
+
+import dmlshim
+from dmlshim import api, config, patching
+from dmlshim.patches.guards import GUARDS, active_guards
+from dmlshim.target import Target
+
+# (config.py does not accept "all,bug-..." yet, so the gaps are listed)
+BUGS = "fallback,float64,autocast,generator,bug-ce-none,bug-mul-bool,bug-bn-stats"
+
+CHECKS = r"""
+import dmlshim  # installs from DMLSHIM_* in the environment
+import json
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from dmlshim import events
+
+out = {}
+torch.manual_seed(0)
+
+# cross_entropy(reduction="none"): loss and gradient against the CPU
+x_cpu = torch.randn(6, 5)
+t_cpu = torch.tensor([0, 1, 4, -100, 2, 3])
+x3_cpu = torch.randn(2, 5, 3)
+t3_cpu = torch.randint(0, 5, (2, 3))
+w_cpu = torch.rand(5)
+cases = {
+    "plain": (x_cpu, t_cpu, {}),
+    "weight_ignore_smooth": (x_cpu, t_cpu, {"weight": w_cpu, "label_smoothing": 0.1}),
+    "spatial": (x3_cpu, t3_cpu, {}),
+    "probabilities": (x_cpu, torch.softmax(torch.randn(6, 5), 1), {"label_smoothing": 0.2}),
+}
+for name, (xc, tc, kw) in cases.items():
+    ref_x = xc.clone().requires_grad_()
+    ref = F.cross_entropy(ref_x, tc, reduction="none", **kw)
+    (ref * torch.arange(1.0, ref.numel() + 1).view_as(ref)).sum().backward()
+    dx = xc.cuda().requires_grad_()
+    dkw = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in kw.items()}
+    loss = F.cross_entropy(dx, tc.cuda(), reduction="none", **dkw)
+    (loss * torch.arange(1.0, ref.numel() + 1).view_as(ref).cuda()).sum().backward()
+    out["ce_" + name] = {
+        "loss_equal": torch.equal(loss.detach().cpu(), ref.detach()),
+        "grad_equal": torch.equal(dx.grad.cpu(), ref_x.grad),
+        "grad_nonzero": bool(dx.grad.abs().sum() > 0),
+    }
+module_loss = nn.CrossEntropyLoss(reduction="none")(x_cpu.cuda().requires_grad_(), t_cpu.cuda())
+out["ce_module_has_grad_fn"] = module_loss.grad_fn is not None
+mean_x = x_cpu.cuda().requires_grad_()
+F.cross_entropy(mean_x, t_cpu.cuda()).backward()  # reduction="mean" is not affected
+ref_x = x_cpu.clone().requires_grad_()
+F.cross_entropy(ref_x, t_cpu).backward()
+out["ce_mean_grad_equal"] = torch.equal(mean_x.grad.cpu(), ref_x.grad)
+
+# float_tensor *= bool_tensor
+a = torch.randn(8)
+mask = a > 0
+y = a.cuda()
+y *= mask.cuda()
+ref = a.clone()
+ref *= mask
+out["mul_dtype"] = str(y.dtype)
+out["mul_equal"] = y.dtype == ref.dtype and torch.equal(y.cpu(), ref)
+z = torch.ones(4).cuda()
+z *= torch.full((4,), 2.0).cuda()
+out["mul_float_ok"] = torch.equal(z.cpu(), torch.full((4,), 2.0))
+
+# BatchNorm running statistics, with momentum and with cumulative averaging
+for momentum in (0.1, None):
+    key = "bn_" + ("momentum" if momentum else "cumulative")
+    bn_cpu = nn.BatchNorm2d(3, momentum=momentum)
+    bn_dev = nn.BatchNorm2d(3, momentum=momentum).cuda()
+    outs_equal = True
+    for step in range(3):
+        xb = torch.randn(4, 3, 5, 5) * (step + 1) + step
+        o_cpu = bn_cpu(xb)
+        o_dev = bn_dev(xb.cuda())
+        outs_equal = outs_equal and torch.allclose(o_dev.cpu(), o_cpu, atol=1e-5)
+    out[key] = {
+        "mean_close": torch.allclose(bn_dev.running_mean.cpu(), bn_cpu.running_mean, atol=1e-5),
+        "var_close": torch.allclose(bn_dev.running_var.cpu(), bn_cpu.running_var, atol=1e-5),
+        "updated": not torch.equal(bn_dev.running_mean.cpu(), torch.zeros(3)),
+        "batches": int(bn_dev.num_batches_tracked),
+        "outputs_close": bool(outs_equal),
+    }
+    bn_dev.eval()
+    bn_cpu.eval()
+    xe = torch.randn(2, 3, 5, 5)
+    out[key]["eval_close"] = torch.allclose(bn_dev(xe.cuda()).cpu(), bn_cpu(xe), atol=1e-5)
+
+out["notes"] = {k: v for k, v in events.notes.items() if k.startswith("guard.")}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run_checks(guards: str, gaps: str = BUGS):
+    env = clean_env(DMLSHIM_DEVICE="emulated-dml", DMLSHIM_EMULATOR_GAPS=gaps,
+                    DMLSHIM_GUARDS=guards)
+    proc = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+CE_CASES = ["plain", "weight_ignore_smooth", "spatial"]
+
+
+@pytest.mark.emulator
+def test_emulator_reproduces_the_bugs_without_guards():
+    r = run_checks("off")
+    for case in CE_CASES:  # nll_loss backward with reduction="none" gives zeros (#739, #740)
+        assert r["ce_" + case]["loss_equal"] and not r["ce_" + case]["grad_equal"], r
+    assert not r["ce_plain"]["grad_nonzero"] and not r["ce_spatial"]["grad_nonzero"]
+    assert r["mul_dtype"] == "torch.bool" and not r["mul_equal"]  # #686, #737
+    assert not r["bn_momentum"]["updated"] and not r["bn_cumulative"]["updated"]  # #362
+    assert r["notes"] == {}
+
+
+@pytest.mark.emulator
+def test_guards_give_cpu_results_on_the_buggy_device():
+    r = run_checks("on")
+    for case in CE_CASES + ["probabilities"]:
+        assert r["ce_" + case] == {"loss_equal": True, "grad_equal": True,
+                                   "grad_nonzero": True}, (case, r)
+    assert r["ce_module_has_grad_fn"] and r["ce_mean_grad_equal"]
+    assert r["mul_dtype"] == "torch.float32" and r["mul_equal"] and r["mul_float_ok"]
+    for key in ("bn_momentum", "bn_cumulative"):
+        assert r[key] == {"mean_close": True, "var_close": True, "updated": True, "batches": 3,
+                          "outputs_close": True, "eval_close": True}, (key, r)
+    notes = r["notes"]
+    assert notes["guard.ce_none"] == 5  # four cases + the module; "mean" passes through
+    assert notes["guard.mul_bool"] == 1  # the float *= float call passes through
+    assert notes["guard.bn_stats"] == 6  # training calls only
+
+
+def test_which_guards_are_active():
+    on = config.load({"device": "cpu"})
+    off = config.load({"device": "cpu", "guards": "off"})
+    dml = Target("dml", 1, "test")
+    assert active_guards(dml, on) == tuple(GUARDS)  # real DirectML: all of them
+    assert active_guards(dml, off) == ()
+    emu = Target("emulated-dml", 1, "test")
+    assert active_guards(emu, on) == ()  # the default emulator has no bug switch on
+    some = config.load({"device": "cpu", "emulator_gaps": "fallback,bug-mul-bool"})
+    assert active_guards(emu, some) == ("mul_bool",)
+    assert active_guards(Target("cpu", 1, "test"), on) == ()
+
+
+@pytest.mark.emulator
+def test_guards_install_only_their_entry_points_and_uninstall(shim):
+    before = {(F, "cross_entropy"): F.cross_entropy, (F, "batch_norm"): F.batch_norm,
+              (torch.Tensor, "__imul__"): torch.Tensor.__imul__}
+    assert "__imul__" not in vars(torch.Tensor)
+    shim(device="emulated-dml")  # no bug switch: nothing
+    guards = next(p for p in api._patches.patches if p.name == "guards")  # type: ignore[union-attr]
+    assert guards.active == () and not guards._keys and not guards._undo
+    shim(device="emulated-dml", emulator_gaps=BUGS)
+    guards = next(p for p in api._patches.patches if p.name == "guards")  # type: ignore[union-attr]
+    assert set(guards.active) == set(GUARDS)
+    for (owner, name), original in before.items():
+        assert getattr(owner, name) is not original
+    dmlshim.uninstall()
+    for (owner, name), original in before.items():
+        assert getattr(owner, name) is original
+        assert not patching.is_patched(owner, name)
+    assert "__imul__" not in vars(torch.Tensor)
+    shim(device="cpu", emulator_gaps=BUGS)  # the CPU has none of these bugs
+    assert F.cross_entropy is before[(F, "cross_entropy")]

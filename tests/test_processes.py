@@ -1,0 +1,225 @@
+"""Child processes carry the shim: DataLoader workers, multiprocessing, mp.spawn, subprocesses.
+
+In-process tests check the environment a shimmed process hands its children and that
+uninstall() takes it back; subprocess tests run scripts that start every kind of child and
+ask each child what CUDA looks like to it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import CORPUS, REPO, clean_env, describe, losses, run_native, run_shim
+
+CHILDREN = CORPUS / "dist" / "children.py"
+TIMEOUT = 60
+
+
+def _probe_lines(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "child":
+            out[parts[1]] = (parts[2], parts[3])
+    return out
+
+
+def _python(args, env, cwd=None):
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd or REPO, capture_output=True,
+                          text=True, timeout=TIMEOUT, check=False)
+
+
+# -- the environment handed to children ---------------------------------------------------
+
+def test_install_exports_bootstrap_and_options_and_uninstall_restores_environ(shim):
+    import dmlshim
+    from dmlshim.bootstrap import BOOTSTRAP_DIR
+
+    before = dict(os.environ)
+    shim(device="cpu", optimizer="reset", report="/tmp/parent-report.json")
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == BOOTSTRAP_DIR
+    assert os.environ["DMLSHIM_BOOTSTRAP"] == "1"
+    assert os.environ["DMLSHIM_DEVICE"] == "cpu"
+    assert os.environ["DMLSHIM_OPTIMIZER"] == "reset"
+    assert os.environ["DMLSHIM_DISABLE"] == "0"  # the test process has DMLSHIM_DISABLE=1
+    assert os.environ["DMLSHIM_REPORT"] == "/tmp/parent-report.json"  # children: report.<pid>
+    dmlshim.uninstall()
+    assert dict(os.environ) == before
+
+
+def test_uninstall_keeps_what_the_program_changed_meanwhile(shim):
+    import dmlshim
+    from dmlshim.bootstrap import BOOTSTRAP_DIR
+
+    before_path = os.environ.get("PYTHONPATH")
+    shim(device="cpu")
+    os.environ["DMLSHIM_LOG"] = "debug"
+    os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"] + os.pathsep + "/opt/extra"
+    try:
+        dmlshim.uninstall()
+        assert os.environ["DMLSHIM_LOG"] == "debug"
+        entries = os.environ["PYTHONPATH"].split(os.pathsep)
+        assert BOOTSTRAP_DIR not in entries and entries[-1] == "/opt/extra"
+    finally:
+        os.environ.pop("DMLSHIM_LOG", None)
+        if before_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before_path
+
+
+def test_patched_launchers_are_the_originals_after_uninstall(shim):
+    import torch.multiprocessing as tmp
+
+    import dmlshim
+
+    spawn_mod = sys.modules["torch.multiprocessing.spawn"]
+    originals = (spawn_mod.start_processes, tmp.start_processes)
+    shim(device="cpu")
+    assert spawn_mod.start_processes is not originals[0]
+    dmlshim.uninstall()
+    assert spawn_mod.start_processes is originals[0]
+    assert tmp.start_processes is originals[1]
+
+
+def test_spawn_launcher_marks_children_for_rank_ordinals(monkeypatch, shim):
+    # (monkeypatch first: it is undone after the shim's uninstall)
+    # mp.spawn children call torch.cuda.set_device(rank): they must wrap ordinals, the parent
+    # goes back to strict ordinals afterwards.
+    import torch.multiprocessing as tmp
+
+    from dmlshim import devicemap
+
+    seen = {}
+
+    def fake_start(*args, **kwargs):
+        seen["env"] = os.environ.get("DMLSHIM_WRAP_ORDINALS")
+        seen["flag"] = devicemap._wrap_ordinals
+
+    spawn_mod = sys.modules["torch.multiprocessing.spawn"]
+    monkeypatch.setattr(spawn_mod, "start_processes", fake_start)
+    shim(device="cpu")
+    assert devicemap._wrap_ordinals is False
+    tmp.spawn(print, nprocs=2)
+    assert seen == {"env": "1", "flag": True}
+    assert devicemap._wrap_ordinals is False
+    assert "DMLSHIM_WRAP_ORDINALS" not in os.environ
+
+
+# -- the bootstrap itself (children that never import torch stay cheap) -------------------
+
+def test_bootstrap_chains_an_existing_sitecustomize_and_skips_children_without_torch(tmp_path):
+    from dmlshim.bootstrap import BOOTSTRAP_DIR
+
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    env = clean_env(DMLSHIM_BOOTSTRAP="1", DMLSHIM_DEVICE="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, str(other), env["PYTHONPATH"]])
+    code = ("import os, sys; print(os.environ.get('CHAINED'), 'torch' in sys.modules, "
+            "'dmlshim' in sys.modules, any(p.endswith('bootstrap') for p in sys.path))")
+    proc = _python(["-c", code], env, cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["yes", "False", "False", "False"], describe(proc)
+
+
+def _probe_child(env, cwd=None):
+    proc = _python([str(CHILDREN), "--probe", "child"], env, cwd=cwd)
+    assert proc.returncode == 0, describe(proc)
+    return _probe_lines(proc.stdout)["child"]
+
+
+def test_subprocess_of_an_installed_shim_carries_it_and_disable_wins(shim, tmp_path):
+    import dmlshim
+
+    # install() in this process (not the runner) exports everything the child needs; the child
+    # finds dmlshim through the bootstrap even though it is not on the child's own path.
+    shim(device="cpu")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in env["PYTHONPATH"].split(os.pathsep) if Path(p) != REPO)
+    assert _probe_child(env, cwd=tmp_path) == ("True", "cpu")
+    assert _probe_child(dict(env, DMLSHIM_DISABLE="1"), cwd=tmp_path) == (
+        "False", "error:AssertionError")
+    dmlshim.uninstall()
+    # nothing leaks: what uninstall() leaves in os.environ is tested above, and without the
+    # switch the bootstrap does nothing even if the folder is still on PYTHONPATH
+    assert "DMLSHIM_BOOTSTRAP" not in os.environ
+
+
+def test_python_dash_m_child_carries_the_shim(shim, tmp_path):
+    # `python -m pkg` imports pkg (and torch) while sys.argv[0] is still "-m"
+    pkg = tmp_path / "probepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import torch\n")
+    (pkg / "__main__.py").write_text(textwrap.dedent("""
+        import torch
+        print("probe", torch.cuda.is_available(), torch.zeros(1, device="cuda").device)
+    """))
+    shim(device="cpu")
+    proc = _python(["-m", "probepkg"], dict(os.environ), cwd=tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["probe", "True", "cpu"]
+
+
+# -- every kind of child, through the runner ----------------------------------------------
+
+ALL_KINDS = ["parent", "dataloader-fork", "dataloader-spawn", "dataloader-forkserver",
+             "mp.spawn", "subprocess"]
+
+
+@pytest.mark.parametrize("device, args, kinds, expected", [
+    ("cpu", (), ALL_KINDS, "cpu"),
+    # Fresh interpreters on emulated-dml are covered by the DataLoader, hogwild and DDP tests;
+    # here the fork worker, which inherits the registered emulator instead of starting one.
+    ("emulated-dml", ("--methods", "fork", "--no-fresh"), ["parent", "dataloader-fork"],
+     "privateuseone:0"),
+])
+def test_every_kind_of_child_carries_the_shim(device, args, kinds, expected):
+    proc = run_shim(CHILDREN, *args, device=device, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    probes = _probe_lines(proc.stdout)
+    assert sorted(probes) == sorted(kinds), describe(proc)
+    for kind in kinds:
+        assert probes[kind] == ("True", expected), f"{kind}: {probes[kind]}" + describe(proc)
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated-dml"])
+def test_dataloader_spawn_workers_train_like_native(device):
+    args = ("--spawn", "--epochs", "1", "--workers", "1")
+    native = run_native("dataloader_workers.py", *args, timeout=TIMEOUT)
+    assert native.returncode == 0, describe(native)
+    shimmed = run_shim("dataloader_workers.py", *args, device=device, timeout=TIMEOUT)
+    assert shimmed.returncode == 0, describe(shimmed)
+    assert losses(shimmed.stdout) == losses(native.stdout) != []
+
+
+# -- hogwild: torch.multiprocessing with spawn and a shared model --------------------------
+
+def _evals(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "eval":
+            out[parts[1]] = float.fromhex(parts[2])
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated-dml"])
+def test_hogwild_workers_update_the_parents_shared_model(device):
+    proc = run_shim("dist/hogwild.py", "--num-processes", "2", device=device, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    workers = [line for line in proc.stdout.splitlines() if line.startswith("worker ")]
+    assert len(workers) == 2, describe(proc)
+    evals = _evals(proc.stdout)
+    # the parent evaluates its own model object after join(): it improved only if the
+    # workers' optimizer steps landed in memory the parent shares
+    assert evals["after"] < evals["before"], describe(proc)
+    if device == "emulated-dml":
+        assert "share_memory(): DirectML memory cannot be shared" in proc.stderr
