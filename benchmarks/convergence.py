@@ -23,13 +23,14 @@ Final loss: mean training loss of the last epoch, and the last validation loss.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from common import clean_env  # benchmarks/common.py (this folder is sys.path[0])
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "corpus" / "stall" / "train.py"
@@ -61,12 +62,9 @@ class Result:
 
 
 def _env(device: str, policy: Optional[str]) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    if policy is not None:
-        env["DMLSHIM_DEVICE"] = device
-        env["DMLSHIM_OPTIMIZER"] = policy
-    return env
+    if policy is None:
+        return clean_env()
+    return clean_env(DMLSHIM_DEVICE=device, DMLSHIM_OPTIMIZER=policy)
 
 
 def run_row(row: Row, optim: str, device: str, common: Sequence[str]) -> Result:

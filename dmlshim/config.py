@@ -64,7 +64,7 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|dml(:\d+)?|emulated-dml(:[1-9]\d*)?)$"
 def _gap_list(value: str) -> bool:
     if value in ("all", "none", ""):
         return True
-    return all(part in EMULATOR_GAPS + EMULATOR_BUGS for part in value.split(","))
+    return all(part in EMULATOR_GAPS + EMULATOR_BUGS + ("all",) for part in value.split(","))
 
 
 def _keep(value: str) -> str:
@@ -98,10 +98,11 @@ OPTIONS: Tuple[Option, ...] = (
            "compute ops that torch-directml runs on the CPU from ops it supports",
            _one_of("on", "off")),
     Option("guards", "on", "on, off",
-           "work around torch-directml 0.2.5's known wrong-result bugs (real DirectML only)",
+           "work around torch-directml 0.2.5's known wrong-result bugs (real DirectML; on the "
+           "emulator when its bug switch is on)",
            _one_of("on", "off")),
     Option("emulator_gaps", "all",
-           "all, none, or a comma list of " + ", ".join(EMULATOR_GAPS + EMULATOR_BUGS),
+           "all, none, or a comma list of all, " + ", ".join(EMULATOR_GAPS + EMULATOR_BUGS),
            "which torch-directml gaps the emulated-dml device reproduces (bugs are opt-in)",
            _gap_list, normalize=lambda v: v.strip().lower().replace(" ", "")),
     Option("report", "", "a file path (empty: no report)",
@@ -131,11 +132,12 @@ class Config:
     def emulator_switches(self) -> Tuple[str, ...]:
         """The emulator gaps and bugs switched on, expanded from ``all``/``none``."""
         raw = self.values["emulator_gaps"]
-        if raw == "all":
-            return EMULATOR_GAPS
         if raw in ("none", ""):
             return ()
-        return tuple(p for p in raw.split(",") if p)
+        out: list = []
+        for part in (p for p in raw.split(",") if p):
+            out.extend(EMULATOR_GAPS if part == "all" else (part,))  # "all,bug-ce-none" works
+        return tuple(dict.fromkeys(out))
 
     def as_env(self) -> Dict[str, str]:
         """Environment variables that reproduce this config in a child process."""

@@ -264,3 +264,15 @@ def test_amp_train_fp16_on_cpu_converges():
     scales = [float(line.rsplit("scale ", 1)[1]) for line in proc.stderr.splitlines()
               if line.startswith("epoch ") and "scale " in line]
     assert len(scales) == 3 and all(s > 1.0 for s in scales), describe(proc)  # a real scaler
+
+
+@pytest.mark.emulator
+def test_amp_train_fp16_on_an_adapter_that_can_autocast():
+    # The emulator with its "autocast" gap off autocasts on privateuseone; float64 stays
+    # missing, so the scaler must keep its float64 reciprocal on the host.
+    proc = run_shim("amp_train.py", "--resume-check", device="emulated-dml",
+                    options={"amp": "fp16", "emulator-gaps": "fallback,float64,generator"})
+    assert proc.returncode == 0, describe(proc)
+    assert_converges(proc)
+    scales = [line for line in proc.stderr.splitlines() if line.startswith("epoch ")]
+    assert len(scales) == 3 and all("scale 1.0" not in line for line in scales), describe(proc)

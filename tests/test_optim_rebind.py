@@ -509,3 +509,28 @@ def test_torch_scheduler_warnings_still_point_at_the_caller(shim):
         sched.step()  # before any optimizer.step(): torch warns at this line
     found = [w for w in caught if "before `optimizer.step()`" in str(w.message)]
     assert found and found[0].filename == __file__
+
+
+def test_recreated_adam_follows_onecycle_lr_and_betas(shim):
+    """OneCycleLR also schedules Adam's beta1 (cycle_momentum): the re-created optimizer takes
+    over the scheduled values, not its constructor's."""
+    def run(recreate):
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=6)
+        out = []
+        for _ in range(3):
+            if recreate:
+                opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            for _ in range(2):
+                out += train_steps(model, opt, 1)
+                sched.step()
+        return out, opt.param_groups[0]["betas"]
+
+    expected, betas = run(recreate=False)
+    shim(device="cpu", optimizer="rebind")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecreatedOptimizerWarning)
+        got, got_betas = run(recreate=True)
+    assert got == expected
+    assert got_betas == betas

@@ -92,12 +92,13 @@ __all__ = [
     "EmulatorError", "EmulatorIndexError", "register", "is_registered", "set_switches",
     "switches", "device", "device_count", "synchronize", "memory_allocated",
     "max_memory_allocated", "reset_peak_memory_stats", "fallback_counts",
-    "reset_fallback_counts", "is_emulated", "register_device_kernel", "GAPS", "BUGS",
+    "reset_fallback_counts", "is_emulated", "register_device_kernel",
+    "unregister_device_kernel", "GAPS", "BUGS",
     "ALL_SWITCHES", "REPORTED_FALLBACKS", "WARNING_TEXT", "F64_MESSAGE",
 ]
 
-_kernel_lib: Optional[torch.library.Library] = None
-_kernels: Dict[str, Callable] = {}
+# op name -> the Library holding its PrivateUse1 kernel (one per op, so each can be removed).
+_kernel_libs: Dict[str, torch.library.Library] = {}
 
 
 def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
@@ -193,20 +194,21 @@ def register_device_kernel(op_name: str, fn: Callable) -> None:
     """Register ``fn`` as the PrivateUse1 kernel of ``op_name`` (e.g. ``"lerp.Scalar_out"``).
 
     Same effect as ``torch.library.Library("aten", "IMPL").impl(op_name, fn, "PrivateUse1")``,
-    which also works on real DirectML: the op then runs ``fn`` (with device tensors) instead
-    of the CPU fallback. ``fn`` must not call the same op on device tensors (it would call
-    itself). Registering the same name again replaces the kernel.
+    which works on real DirectML too: the op then runs ``fn`` (with device tensors) instead of
+    the CPU fallback, and is not counted. ``fn`` must not call the same op on device tensors
+    (it would call itself). Registering a name again replaces its kernel.
     """
-    global _kernel_lib
     name = op_name.split("::", 1)[-1]
-    if name in _kernels:
-        _kernels[name] = fn  # the registered trampoline looks the function up per call
-        return
-    if _kernel_lib is None:
-        _kernel_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - process lifetime
+    unregister_device_kernel(name)
+    lib = torch.library.Library("aten", "IMPL")  # lives until unregistered
+    lib.impl(name, fn, "PrivateUse1")
+    _kernel_libs[name] = lib
 
-    def trampoline(*args, **kwargs):
-        return _kernels[name](*args, **kwargs)
 
-    _kernels[name] = fn
-    _kernel_lib.impl(name, trampoline, "PrivateUse1")
+def unregister_device_kernel(op_name: str) -> bool:
+    """Remove a kernel added by :func:`register_device_kernel`; False if there was none."""
+    lib = _kernel_libs.pop(op_name.split("::", 1)[-1], None)
+    if lib is None:
+        return False
+    lib._destroy()
+    return True

@@ -71,9 +71,9 @@ def _op(name: str):
 
 def _enable() -> None:
     global _fallthrough_lib, _kernel_lib
-    _fallthrough_lib = torch.library.Library("_", "IMPL")  # noqa: TOR901
+    _fallthrough_lib = torch.library.Library("_", "IMPL")
     _fallthrough_lib.m.fallback_fallthrough("AutocastPrivateUse1")
-    _kernel_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    _kernel_lib = torch.library.Library("aten", "IMPL")
     for names, lower in ((LOWER_PRECISION, True), (FLOAT32, False)):
         for name in names:
             op = _op(name)

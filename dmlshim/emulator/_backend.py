@@ -238,7 +238,7 @@ def install() -> None:
     else:
         _install_python_guard()
     torch._register_device_module("privateuseone", DeviceModule)
-    _lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - kept alive for the process
+    _lib = torch.library.Library("aten", "IMPL")  # kept alive for the process
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")

@@ -7,8 +7,8 @@ before CompositeExplicitAutograd ones):
 NATIVE     torch-directml 0.2.5 has a PrivateUse1 kernel for it (or for its out= variant, for
            structured ops), or it is a view, or a composite known to decompose only into such
            ops (SAFE_COMPOSITES, run in one go because it is cheaper). Runs on the CPU elems.
-DECOMPOSE  no torch-directml kernel but a CompositeExplicitAutograd(NonFunctional) kernel in
-           PyTorch: redispatched to PrivateUse1 so PyTorch's composite runs and its pieces come
+DECOMPOSE  no torch-directml kernel but a composite kernel in PyTorch (CompositeExplicitAutograd,
+           its NonFunctional variant, or CompositeImplicitAutograd when called below autograd): redispatched to PrivateUse1 so PyTorch's composite runs and its pieces come
            back through the emulator (this is how ``_foreach_lerp_`` ends in the
            ``lerp.Scalar_out`` fallback, exactly as on torch-directml 0.2.5 with torch 2.4).
 FALLBACK   neither: torch-directml's boxed CPU fallback. Counted and warned under
@@ -62,6 +62,10 @@ MIXED_DEVICE_OK = frozenset(
 )
 
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+# CompositeImplicitAutograd ops normally decompose above autograd, but reach the emulator when
+# called below it (from inside other kernels: item, reshape, _has_compatible_shallow_copy_type).
+_COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                   "CompositeImplicitAutograd")
 
 
 class Plan:
@@ -171,7 +175,10 @@ def build(func: torch._ops.OpOverload, specials: Dict[str, Callable],
         tuple(a.name for a in arguments if a.kwarg_only and str(a.type) == "Tensor"),
     )
     keys = [_impl_key(name)]
-    if name in DML_KERNELS_0_2_5 or name in SAFE_COMPOSITES or _is_view(func):
+    composite = any(_has_kernel(name, key) for key in _COMPOSITE_KEYS)
+    if name in DML_KERNELS_0_2_5 or name in SAFE_COMPOSITES or (composite and _is_view(func)):
+        # (a view with a composite kernel decomposes into views torch-directml has, such as
+        # as_strided: running the view directly is the same, and cheaper)
         plan.kind = NATIVE
     else:
         out = _out_variant(func)
@@ -181,8 +188,7 @@ def build(func: torch._ops.OpOverload, specials: Dict[str, Callable],
                 plan.kind = NATIVE
             else:
                 plan.kind, plan.fallback_name = FALLBACK, out
-        elif _has_kernel(name, "CompositeExplicitAutograd") or _has_kernel(
-                name, "CompositeExplicitAutogradNonFunctional"):
+        elif composite:
             plan.kind = DECOMPOSE
         else:
             plan.kind, plan.fallback_name = FALLBACK, name

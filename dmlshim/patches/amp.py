@@ -19,6 +19,7 @@ per op.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -46,6 +47,7 @@ STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_g
 
 # -- warnings at the user's line ------------------------------------------------------------
 
+@functools.cache
 def _internal_dirs() -> Tuple[str, ...]:
     import wrapt
 
@@ -198,7 +200,14 @@ class AmpPatch(Patch):
         if plan.low_precision:
             bound["device"] = plan.device_type
             events.redirected("GradScaler", "cuda", plan.device_type)
-            return wrapped(**bound)
+            result = wrapped(**bound)
+            if plan.device_type != "cpu" and instance.is_enabled():
+                # Keep the scale and growth tracker on the host: unscale_() takes the scale's
+                # reciprocal in float64, which adapters without float64 refuse, and
+                # torch-directml has no _amp_update_scale_ kernel anyway (CPU fallback).
+                # scale() and unscale_() copy the scalar to each gradient's device.
+                instance._lazy_init_scale_growth_tracker(torch.device("cpu"))
+            return result
         enabled = bool(bound.get("enabled", True))
         settings = {k: bound.get(k, v) for k, v in _SCALER_DEFAULTS.items()}
         bound["enabled"] = False

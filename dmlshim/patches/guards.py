@@ -128,8 +128,8 @@ def _ce_guard(device_type: str):
                 or not torch.is_grad_enabled():
             return wrapped(*args, **kwargs)
         events.note("guard.ce_none")
-        events.redirected("F.cross_entropy", "reduction='none'", "log_softmax+gather (#739)",
-                          tag="emulated")
+        events.redirected("F.cross_entropy", "reduction='none'",
+                          "log_softmax+gather (#739, #740)", tag="emulated")
         return cross_entropy_none(x, b["target"], b.get("weight"), b.get("ignore_index", -100),
                                   b.get("label_smoothing", 0.0))
 
@@ -144,6 +144,8 @@ def _imul_guard(device_type: str):
         if getattr(other, "dtype", None) is bool_ and instance.device.type == device_type \
                 and instance.is_floating_point():
             events.note("guard.mul_bool")
+            events.redirected("Tensor.__imul__", "bool mask", f"mask.to({instance.dtype}) (#686)",
+                              tag="emulated")
             return instance.mul_(other.to(instance.dtype))
         return wrapped(*args, **kwargs)
 
@@ -161,6 +163,8 @@ def _bn_guard(device_type: str):
         out = wrapped(x, None, None, b.get("weight"), b.get("bias"), True, momentum,
                       b.get("eps", 1e-5))
         events.note("guard.bn_stats")
+        events.redirected("F.batch_norm", "running stats", "updated by dmlshim (#362)",
+                          tag="emulated")
         with torch.no_grad():
             dims = [0] + list(range(2, x.dim()))
             xd = x.detach()

@@ -28,11 +28,12 @@ found stepping replaced Parameters at an epoch boundary is reported once, with t
 Mechanism: a remap, not ``torch.utils.swap_tensors``
 ----------------------------------------------------
 ``set_swap_module_params_on_conversion(True)`` keeps Parameter identity by swapping the tensors'
-contents, but ``swap_tensors`` refuses any tensor with a weakref (``torch.compile``,
-parametrizations and ``torch.utils.weak`` users hold them), a tensor whose ``use_count`` is
-raised by a live autograd graph or by a C++ holder (RNN flat weights on some backends), and it
-would leave optimizer state on the old device anyway. It is also untested on torch-directml
-0.2.5's tensors and on the emulator's. The remap works whatever made the new Parameters (DirectML,
+contents, but ``swap_tensors`` refuses any tensor that has a weakref ("Cannot swap t1 because it
+has weakref associated with it": ``torch.compile``'s guards and ``torch.utils.weak`` users hold
+them) and, per its documentation, tensors whose ``use_count`` a C++ holder raised (autograd
+saved tensors, RNN flat weights on some backends); a failure half-way through a model leaves it
+half converted. It would leave optimizer state on the old device anyway, and it is untested on
+torch-directml 0.2.5's tensors. The remap works whatever made the new Parameters (DirectML,
 the overwrite flag, another PrivateUse1 backend, ``assign=True``): ``Module._apply`` and
 ``Module.load_state_dict`` are wrapped at their *outermost* call only; before it we list the
 module tree's ``(module, name) -> Parameter`` slots, after it any slot holding another object

@@ -87,22 +87,22 @@ def remember_iterator(loader: Any, iterator: Any) -> None:
 # -- events -----------------------------------------------------------------------------------
 
 def on_loader_iter(loader: Any, policy: str) -> None:
+    audit(policy)
     # A new pass over `loader` ends its previous one, whatever state that was left in.
-    boundary(policy, epoch_like=not pass_in_progress(exclude=loader))
+    if policy == "reset" and not pass_in_progress(exclude=loader):
+        reset_state()
 
 
 def on_scheduler_step(scheduler: Any, policy: str) -> None:
-    epoch_like = not isinstance(scheduler, PER_BATCH_SCHEDULERS) and not pass_in_progress()
-    boundary(policy, epoch_like)
+    audit(policy)
+    if policy == "reset" and not isinstance(scheduler, PER_BATCH_SCHEDULERS) \
+            and not pass_in_progress():
+        reset_state()
 
 
 def on_train_after_eval(policy: str) -> None:
-    boundary(policy, epoch_like=not pass_in_progress())
-
-
-def boundary(policy: str, epoch_like: bool) -> None:
     audit(policy)
-    if policy == "reset" and epoch_like:
+    if policy == "reset" and not pass_in_progress():
         reset_state()
 
 

@@ -1,0 +1,152 @@
+"""Device kernels for the operators torch-directml 0.2.5 runs on the CPU, built from ops it has.
+
+torch-directml sends every operator without a ``PrivateUse1`` kernel to a boxed CPU fallback:
+the tensors are copied to the host, the CPU kernel runs, the results are copied back (and for
+``_thnn_fused_lstm_cell`` there is no CPU kernel, so LSTM training fails: #654, #677). A kernel
+registered for ``PrivateUse1`` through ``torch.library`` takes an operator off that path. Each
+module here defines such kernels for one area of common training paths, as
+:class:`Decomposition` entries; :func:`register` installs those this process needs.
+
+Rules every kernel follows:
+
+* it is registered for ``PrivateUse1`` only, below autograd: the operators decomposed here are
+  backward or optimizer operators, or forward operators whose derivative formula (in PyTorch's
+  derivatives.yaml, registered for the Autograd keys) stays in force;
+* it calls only operators torch-directml 0.2.5 implements (its kernel list is in
+  ``dmlshim/emulator/_dml_ops.py``) — otherwise the fallback would just move — and never the
+  operator it implements (that would call itself);
+* it is registered only where the operator really falls back: not where torch-directml (or
+  anything else) already registered a ``PrivateUse1`` kernel, which a registration would
+  override, and not where this torch has a composite kernel for it (see :func:`falls_back`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Tuple
+
+import torch
+
+log = logging.getLogger("dmlshim")
+
+DISPATCH_KEY = "PrivateUse1"
+_COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
+                   "CompositeExplicitAutogradNonFunctional")
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """One operator computed on the device instead of torch-directml's CPU fallback."""
+
+    op: str  # schema name with overload, as torch-directml's warning names it: "aten::x.out"
+    issues: Tuple[int, ...]  # microsoft/DirectML issue numbers (empty: not reported there)
+    area: str  # the training path it sits on, for the README table
+    replaced_by: str  # what computes it instead (ops torch-directml implements)
+    kernel: Callable
+
+    @property
+    def name(self) -> str:
+        """The name ``torch.library`` registers: ``"x.out"``."""
+        return self.op.split("::", 1)[1]
+
+
+def all_decompositions() -> Tuple[Decomposition, ...]:
+    """Every decomposition dmlshim knows, in README order."""
+    from dmlshim.decompositions import embedding_bag, losses, misc, norm, optim, rnn, upsample
+
+    out: List[Decomposition] = []
+    for module in (optim, norm, rnn, embedding_bag, upsample, losses, misc):
+        out.extend(module.DECOMPOSITIONS)
+    return tuple(out)
+
+
+def op_exists(op: str) -> bool:
+    try:
+        torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+    except RuntimeError:
+        return False
+    return True
+
+
+def falls_back(op: str) -> bool:
+    """Whether ``op`` reaches torch-directml's CPU fallback in this process.
+
+    True when the operator exists and has neither a ``PrivateUse1`` kernel (torch-directml's,
+    or a registration of ours or anyone's) nor a composite kernel that would run on the device
+    instead. On the emulator this is the emulator's model for the operators listed here (none
+    of them is in torch-directml 0.2.5's kernel list).
+    """
+    if not op_exists(op):
+        return False
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has(op, DISPATCH_KEY):
+        return False
+    return not any(has(op, key) for key in _COMPOSITE_KEYS)
+
+
+class Registration:
+    """The kernels registered by one :func:`register` call; :meth:`remove` takes them all away."""
+
+    def __init__(self, library: Optional[torch.library.Library],
+                 decompositions: Tuple[Decomposition, ...]) -> None:
+        self.library = library
+        self.decompositions = decompositions
+
+    @property
+    def ops(self) -> Tuple[str, ...]:
+        return tuple(d.op for d in self.decompositions)
+
+    def remove(self) -> None:
+        """Unregister every kernel (the operators fall back to the CPU again)."""
+        lib, self.library = self.library, None
+        if lib is None:
+            return
+        destroy = getattr(lib, "_destroy", None)  # private on torch 2.4.1 and 2.13 alike
+        if destroy is not None:
+            destroy()
+            return
+        # A torch without Library._destroy: drop the C++ registrations by hand and forget the
+        # keys torch.library keeps (the emulator reads that set to route operators).
+        handle = getattr(lib, "m", None)
+        if handle is not None and hasattr(handle, "reset"):
+            handle.reset()
+        lib.m = None
+        impls = getattr(torch.library, "_impls", None)
+        if impls is not None:
+            impls.difference_update(getattr(lib, "_op_impls", ()))
+
+
+def register(decompositions: Optional[Iterable[Decomposition]] = None) -> Registration:
+    """Register the kernels of ``decompositions`` (default: all) whose operators fall back here."""
+    wanted = tuple(all_decompositions() if decompositions is None else decompositions)
+    pending = tuple(d for d in wanted if falls_back(d.op))
+    if not pending:
+        return Registration(None, ())
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by Registration.remove
+    done: List[Decomposition] = []
+    try:
+        for dec in pending:
+            lib.impl(dec.name, dec.kernel, DISPATCH_KEY)
+            done.append(dec)
+    except BaseException:
+        Registration(lib, tuple(done)).remove()
+        raise
+    log.debug("dmlshim: device kernels registered for %s", ", ".join(d.op for d in done))
+    return Registration(lib, tuple(done))
+
+
+def write_out(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``out.copy_(value)`` after resizing ``out`` like an out= kernel does; returns ``out``."""
+    if out.shape != value.shape:
+        out.resize_(value.shape)
+    return out.copy_(value)
+
+
+def reduce_loss(loss: torch.Tensor, reduction: int) -> torch.Tensor:
+    """at::Reduction: 0 none, 1 mean, 2 sum."""
+    if reduction == 1:
+        return loss.mean()
+    if reduction == 2:
+        return loss.sum()
+    return loss

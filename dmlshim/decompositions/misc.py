@@ -1,0 +1,27 @@
+"""Small operators met on common paths.
+
+``isneginf``: newer torch's ``_safe_softmax`` (the math path of
+``F.scaled_dot_product_attention``, which ``nn.MultiheadAttention`` and
+``nn.TransformerEncoderLayer`` use on devices without a fused kernel) masks rows that are all
+``-inf`` with it, on every attention call; it is structured, so ``isneginf.out`` falls back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dmlshim.decompositions import Decomposition
+
+Tensor = torch.Tensor
+
+
+def isneginf_out(self: Tensor, *, out: Tensor) -> Tensor:
+    # Integer and bool tensors never equal -inf: eq gives False there, as isneginf does.
+    return torch.eq(self, float("-inf"), out=out)
+
+
+DECOMPOSITIONS = (
+    Decomposition("aten::isneginf.out", (), "attention (`_safe_softmax` in "
+                  "`scaled_dot_product_attention`'s math path, torch >= 2.5)", "`eq(-inf)`",
+                  isneginf_out),
+)

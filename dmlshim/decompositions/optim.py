@@ -1,0 +1,49 @@
+"""Optimizer updates: ``lerp`` (Adam, AdamW, NAdam, RAdam, Adamax) and ``clamp_min.Tensor``
+(``_foreach_maximum_`` of Adam/AdamW with ``amsgrad=True`` and of Adamax).
+
+Since torch 2.4 the ``_foreach_*`` operators have a CompositeExplicitAutograd kernel that loops
+over the per-tensor operator, so on torch-directml 0.2.5 the ``_foreach_*`` ops themselves no
+longer fall back (#604, #626 were torch 2.3); the per-tensor ops they reach do, when
+torch-directml lacks them. ``lerp`` is a structured operator: ``lerp.Scalar``/``lerp_.Scalar``
+call ``lerp.Scalar_out``, which is the one to implement (#675).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dmlshim.decompositions import Decomposition, write_out
+
+
+def lerp_scalar_out(self: torch.Tensor, end: torch.Tensor, weight, *,
+                    out: torch.Tensor) -> torch.Tensor:
+    # The CPU/CUDA formula: the branch keeps the result exact at weight 0 and weight 1.
+    diff = torch.sub(end, self)
+    if abs(weight) < 0.5:
+        return torch.add(self, diff, alpha=weight, out=out)
+    return torch.sub(end, diff, alpha=1 - weight, out=out)
+
+
+def lerp_tensor_out(self: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, *,
+                    out: torch.Tensor) -> torch.Tensor:
+    diff = torch.sub(end, self)
+    small = torch.lt(torch.abs(weight), 0.5)
+    value = torch.where(small, self + weight * diff, end - diff * (1 - weight))
+    return write_out(out, value)
+
+
+def clamp_min_tensor_out(self: torch.Tensor, min: torch.Tensor, *,  # noqa: A002 - schema name
+                         out: torch.Tensor) -> torch.Tensor:
+    # clamp_min with a tensor bound is maximum(): same NaN propagation, same type promotion.
+    return torch.maximum(self, min, out=out)
+
+
+DECOMPOSITIONS = (
+    Decomposition("aten::lerp.Scalar_out", (675,), "optimizer (Adam, AdamW, NAdam, RAdam, Adamax)",
+                  "`sub` + `add(alpha=weight)` (or `sub(alpha=1-weight)` for weight >= 0.5, "
+                  "the CPU formula)", lerp_scalar_out),
+    Decomposition("aten::lerp.Tensor_out", (), "optimizer (tensor weights)",
+                  "`sub`, `abs`, `lt`, `mul`, `where`", lerp_tensor_out),
+    Decomposition("aten::clamp_min.Tensor_out", (), "optimizer (`amsgrad=True`, Adamax: "
+                  "`_foreach_maximum_`)", "`maximum`", clamp_min_tensor_out),
+)
