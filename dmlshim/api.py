@@ -66,6 +66,13 @@ def _setup_logging(level: str) -> None:
         log.propagate = False
 
 
+def _same_options(a: _config.Config, b: _config.Config) -> bool:
+    # `disable` only decides whether `import dmlshim` installs; an explicit install() ignores
+    # it (and the processes patch exports disable=0 for children, changing the environment).
+    return {k: v for k, v in a.values.items() if k != "disable"} == \
+        {k: v for k, v in b.values.items() if k != "disable"}
+
+
 def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
     """Install every patch for the target chosen by the options; returns the Target.
 
@@ -79,7 +86,7 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
     with _lock:
         cfg = _config if _config is not None else cfgmod.load(options, source="install()")
         if _patches is not None and _config_in_force is not None \
-                and dict(_config_in_force.values) == dict(cfg.values):
+                and _same_options(_config_in_force, cfg):
             return _target  # type: ignore[return-value]
         if _patches is not None:
             uninstall()

@@ -90,10 +90,17 @@ def with_import_line(source: str, line: str = "import dmlshim") -> str:
     return "".join(lines[:at]) + line + "\n" + "".join(lines[at:])
 
 
+@functools.lru_cache(maxsize=None)
+def neutral_cwd() -> str:
+    """An empty directory of our own: `python -m` puts the cwd first on sys.path, so a stray
+    `enum.py` in a shared temp dir would shadow the standard library."""
+    return tempfile.mkdtemp(prefix="dmlshim-cwd-")
+
+
 def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
          timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        list(cmd), env=dict(env), cwd=str(cwd) if cwd is not None else tempfile.gettempdir(),
+        list(cmd), env=dict(env), cwd=str(cwd) if cwd is not None else neutral_cwd(),
         capture_output=True, text=True, timeout=timeout, check=False, **kw,
     )
 

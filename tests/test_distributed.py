@@ -280,12 +280,13 @@ def test_shimmed_launcher_passes_the_shim_to_its_ranks(native_torchrun):
     assert "on=privateuseone" in proc.stdout
 
 
-def test_mp_spawn_ddp_on_cpu_and_emulated_dml():
+def test_mp_spawn_ddp_on_cpu_and_emulated_dml(tmp_path):
     # world size 2 on one adapter: the ranks' set_device(1) wraps to adapter 0
-    cpu = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="cpu", timeout=LAUNCH_TIMEOUT)
+    cpu = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="cpu", timeout=LAUNCH_TIMEOUT,
+                   cwd=tmp_path)
     assert cpu.returncode == 0, describe(cpu)
     emulated = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="emulated-dml",
-                        timeout=LAUNCH_TIMEOUT)
+                        timeout=LAUNCH_TIMEOUT, cwd=tmp_path)
     assert emulated.returncode == 0, describe(emulated)
     for proc in (cpu, emulated):
         params = _params(proc.stdout)

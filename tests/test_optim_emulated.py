@@ -6,17 +6,20 @@ real DirectML: no overwrite flag here.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import describe, first_difference, losses, run_native, run_shim
-from test_optim_stall import CASES, SCRIPT, right_order, stalled
+from helpers import clean_env, describe, first_difference, losses, run_native, run_shim
+from test_optim_stall import CASES, CWD, SCRIPT, right_order, stalled
 
 
 def _run(case: str, policy: str, gaps: str = "all", order: str = "as given"):
     args = right_order(CASES[case]) if order == "right" else CASES[case]
-    proc = run_shim(SCRIPT, *args, device="emulated-dml",
+    proc = run_shim(SCRIPT, *args, device="emulated-dml", cwd=CWD,
                     options={"optimizer": policy, "emulator-gaps": gaps})
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.splitlines()[0] == "device cuda", describe(proc)
@@ -25,7 +28,7 @@ def _run(case: str, policy: str, gaps: str = "all", order: str = "as given"):
 
 def test_emulated_tied_bounce_stalls_with_off_and_rebind_equals_native():
     case = "rmsprop-tied-bounce"
-    ref = run_native(SCRIPT, *right_order(CASES[case]))
+    ref = run_native(SCRIPT, *right_order(CASES[case]), cwd=CWD)
     assert ref.returncode == 0, describe(ref)
     off = _run(case, "off")
     assert stalled(off.stdout), describe(off)
@@ -53,9 +56,23 @@ def _nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def test_emulated_state_moves_with_parameters_and_exists_once(shim):
-    shim(device="emulated-dml", optimizer="rebind")
+def test_emulated_state_moves_with_parameters_and_exists_once():
+    # In a fresh process: torch 2.4's autograd engine sizes its per-device queues at the first
+    # backward, so a PrivateUse1 backend registered after other tests ran backward cannot run
+    # one in-process there.
+    code = ("import os, sys; sys.path.insert(0, os.getcwd()); "
+            "import test_optim_emulated as t; t.state_moves_with_parameters(); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(Path(__file__).parent),
+                          env=clean_env(DMLSHIM_DISABLE="1"), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), describe(proc)
+
+
+def state_moves_with_parameters():
+    import dmlshim
     from dmlshim import emulator
+
+    dmlshim.install(device="emulated-dml", optimizer="rebind")
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -69,7 +86,9 @@ def test_emulated_state_moves_with_parameters_and_exists_once(shim):
     gc.collect()
     params = list(model.parameters())
     assert all(p.device.type == "privateuseone" for p in params)
-    assert [p for g in opt.param_groups for p in g["params"]] == params
+    held = [p for g in opt.param_groups for p in g["params"]]
+    assert len(held) == len(params) and all(a is b for a, b in zip(held, params))
+    del held
     for p in params:
         st = opt.state[p]
         assert st["exp_avg"].device == p.device and st["exp_avg_sq"].device == p.device

@@ -411,6 +411,7 @@ def _loader():
     return DataLoader(TensorDataset(*DATA), batch_size=8)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
 def test_reset_clears_state_at_epoch_start_not_mid_epoch(shim):
     shim(device="cpu", optimizer="reset")
     model = mlp()
@@ -499,16 +500,23 @@ def test_audit_rebinds_what_conversion_missed(shim, overwrite):
     assert same_objects(params_of(opt), list(model.parameters()))
 
 
-def test_torch_scheduler_warnings_still_point_at_the_caller(shim):
+def test_torch_scheduler_warnings_keep_their_location(shim):
+    """torch warns from scheduler.step() (with stacklevel=2 in recent versions: at the user's
+    line); the hook must not move that location onto dmlshim's code."""
+    def where():
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sched.step()  # before any optimizer.step(): torch warns
+        found = [w for w in caught if "before `optimizer.step()`" in str(w.message)]
+        assert found
+        return found[0].filename, found[0].lineno
+
+    native = where()
     shim(device="cpu", optimizer="rebind")
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        sched.step()  # before any optimizer.step(): torch warns at this line
-    found = [w for w in caught if "before `optimizer.step()`" in str(w.message)]
-    assert found and found[0].filename == __file__
+    assert where() == native
 
 
 def test_recreated_adam_follows_onecycle_lr_and_betas(shim):
@@ -534,3 +542,29 @@ def test_recreated_adam_follows_onecycle_lr_and_betas(shim):
         got, got_betas = run(recreate=True)
     assert got == expected
     assert got_betas == betas
+
+
+def test_conversion_of_another_tree_inside_apply_is_covered(shim, overwrite):
+    class Holder(nn.Module):
+        """Converts a model it keeps outside its children (e.g. an EMA copy) along with itself."""
+
+        def __init__(self, other):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.__dict__["other"] = other  # not a submodule
+
+        def _apply(self, fn, recurse=True):
+            self.other._apply(fn)
+            return super()._apply(fn, recurse)
+
+    shim(device="cpu", optimizer="rebind")
+    other = mlp()
+    holder = Holder(other)
+    root = nn.Sequential(nn.Linear(2, 2), holder)  # the other tree is converted mid-way
+    opt_other = torch.optim.SGD(other.parameters(), lr=0.1)
+    opt_root = torch.optim.SGD(root.parameters(), lr=0.1)
+    old = params_of(opt_other)
+    root.cuda()
+    assert not any(p is q for p, q in zip(old, other.parameters()))
+    assert same_objects(params_of(opt_other), list(other.parameters()))
+    assert same_objects(params_of(opt_root), list(root.parameters()))

@@ -145,8 +145,8 @@ def test_subprocess_of_an_installed_shim_carries_it_and_disable_wins(shim, tmp_p
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in env["PYTHONPATH"].split(os.pathsep) if Path(p) != REPO)
     assert _probe_child(env, cwd=tmp_path) == ("True", "cpu")
-    assert _probe_child(dict(env, DMLSHIM_DISABLE="1"), cwd=tmp_path) == (
-        "False", "error:AssertionError")
+    available, where = _probe_child(dict(env, DMLSHIM_DISABLE="1"), cwd=tmp_path)
+    assert available == "False" and where.startswith("error:")  # no CUDA, no shim
     dmlshim.uninstall()
     # nothing leaks: what uninstall() leaves in os.environ is tested above, and without the
     # switch the bootstrap does nothing even if the folder is still on PYTHONPATH
@@ -181,8 +181,8 @@ ALL_KINDS = ["parent", "dataloader-fork", "dataloader-spawn", "dataloader-forkse
     ("emulated-dml", ("--methods", "fork", "--no-fresh"), ["parent", "dataloader-fork"],
      "privateuseone:0"),
 ])
-def test_every_kind_of_child_carries_the_shim(device, args, kinds, expected):
-    proc = run_shim(CHILDREN, *args, device=device, timeout=120)
+def test_every_kind_of_child_carries_the_shim(device, args, kinds, expected, tmp_path):
+    proc = run_shim(CHILDREN, *args, device=device, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     probes = _probe_lines(proc.stdout)
     assert sorted(probes) == sorted(kinds), describe(proc)
@@ -191,11 +191,12 @@ def test_every_kind_of_child_carries_the_shim(device, args, kinds, expected):
 
 
 @pytest.mark.parametrize("device", ["cpu", "emulated-dml"])
-def test_dataloader_spawn_workers_train_like_native(device):
+def test_dataloader_spawn_workers_train_like_native(device, tmp_path):
     args = ("--spawn", "--epochs", "1", "--workers", "1")
-    native = run_native("dataloader_workers.py", *args, timeout=TIMEOUT)
+    native = run_native("dataloader_workers.py", *args, timeout=TIMEOUT, cwd=CORPUS)
     assert native.returncode == 0, describe(native)
-    shimmed = run_shim("dataloader_workers.py", *args, device=device, timeout=TIMEOUT)
+    shimmed = run_shim("dataloader_workers.py", *args, device=device, timeout=TIMEOUT,
+                       cwd=tmp_path)
     assert shimmed.returncode == 0, describe(shimmed)
     assert losses(shimmed.stdout) == losses(native.stdout) != []
 
@@ -212,8 +213,9 @@ def _evals(stdout: str) -> dict:
 
 
 @pytest.mark.parametrize("device", ["cpu", "emulated-dml"])
-def test_hogwild_workers_update_the_parents_shared_model(device):
-    proc = run_shim("dist/hogwild.py", "--num-processes", "2", device=device, timeout=120)
+def test_hogwild_workers_update_the_parents_shared_model(device, tmp_path):
+    proc = run_shim("dist/hogwild.py", "--num-processes", "2", device=device, timeout=120,
+                    cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     workers = [line for line in proc.stdout.splitlines() if line.startswith("worker ")]
     assert len(workers) == 2, describe(proc)
@@ -223,3 +225,46 @@ def test_hogwild_workers_update_the_parents_shared_model(device):
     assert evals["after"] < evals["before"], describe(proc)
     if device == "emulated-dml":
         assert "share_memory(): DirectML memory cannot be shared" in proc.stderr
+
+
+# -- DirectML tensors and modules across processes (in-process parts) ----------------------
+
+def test_directml_tensor_sent_to_another_process_arrives_as_a_copy_on_the_adapter(shim):
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+
+    import dmlshim
+
+    before = dict(ForkingPickler._extra_reducers)
+    shim(device="emulated-dml:2")
+    t = torch.arange(4.0, device="cuda:1")
+    p = torch.nn.Parameter(torch.ones(3, device="cuda"))
+    data = ForkingPickler.dumps((t, p, torch.ones(2)))  # what a spawn child / a Queue receives
+    got_t, got_p, got_cpu = pickle.loads(data)
+    assert got_t.device == torch.device("privateuseone", 1) and got_t.tolist() == t.tolist()
+    assert isinstance(got_p, torch.nn.Parameter) and got_p.requires_grad
+    assert got_p.device == torch.device("privateuseone", 0)
+    assert got_cpu.device.type == "cpu"
+    dmlshim.uninstall()
+    after = ForkingPickler._extra_reducers
+    assert set(after) == set(before) and all(after[k] is before[k] for k in before)
+
+
+def test_share_memory_on_directml_keeps_the_module_in_cpu_shared_memory(shim):
+    import torch
+    import torch.nn as nn
+
+    import dmlshim
+
+    original = nn.Module.share_memory
+    shim(device="emulated-dml")
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).cuda()
+    assert model.share_memory() is model
+    assert all(p.device.type == "cpu" and p.is_shared() for p in model.parameters())
+    out = model(torch.randn(5, 3, device="cuda"))
+    assert out.device == torch.device("privateuseone", 0)  # back where the input came from
+    assert model(torch.randn(5, 3)).device.type == "cpu"  # CPU input: nothing moves
+    dmlshim.uninstall()
+    assert nn.Module.share_memory is original

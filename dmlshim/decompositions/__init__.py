@@ -136,6 +136,16 @@ def register(decompositions: Optional[Iterable[Decomposition]] = None) -> Regist
     return Registration(lib, tuple(done))
 
 
+def markdown_table(decompositions: Optional[Iterable[Decomposition]] = None) -> str:
+    """The README table: operator, DirectML issue, training path, what replaces it."""
+    rows = ["| operator (torch-directml 0.2.5 CPU fallback) | DirectML issue | path | "
+            "computed on the device from |", "|---|---|---|---|"]
+    for dec in all_decompositions() if decompositions is None else decompositions:
+        issues = ", ".join(f"#{n}" for n in dec.issues) or "not reported"
+        rows.append(f"| `{dec.op}` | {issues} | {dec.area} | {dec.replaced_by} |")
+    return "\n".join(rows)
+
+
 def write_out(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``out.copy_(value)`` after resizing ``out`` like an out= kernel does; returns ``out``."""
     if out.shape != value.shape:

@@ -1,6 +1,6 @@
 """Small operators met on common paths.
 
-``isneginf``: newer torch's ``_safe_softmax`` (the math path of
+``isneginf``: the ``_safe_softmax`` of torch 2.5+ (the math path of
 ``F.scaled_dot_product_attention``, which ``nn.MultiheadAttention`` and
 ``nn.TransformerEncoderLayer`` use on devices without a fused kernel) masks rows that are all
 ``-inf`` with it, on every attention call; it is structured, so ``isneginf.out`` falls back.
@@ -22,6 +22,6 @@ def isneginf_out(self: Tensor, *, out: Tensor) -> Tensor:
 
 DECOMPOSITIONS = (
     Decomposition("aten::isneginf.out", (), "attention (`_safe_softmax` in "
-                  "`scaled_dot_product_attention`'s math path, torch >= 2.5)", "`eq(-inf)`",
+                  "`scaled_dot_product_attention`'s math path, torch 2.5+; not in 2.4.1)", "`eq(-inf)`",
                   isneginf_out),
 )

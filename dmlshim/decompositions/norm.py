@@ -35,11 +35,13 @@ def native_group_norm_backward(grad_out: Tensor, input: Tensor, mean: Tensor, rs
         g = g.reshape(N, group, per_group)
         mean_g = g.mean(dim=2, keepdim=True)
         mean_gx = (g * xhat).mean(dim=2, keepdim=True)
-        grad_input = ((g - mean_g - xhat * mean_gx) * r).reshape(input.shape)
+        grad_input = ((g - mean_g - xhat * mean_gx) * r).reshape(input.shape).to(input.dtype)
+    # (mean/rstd may be float32 for half input: autograd wants each gradient in its input's dtype)
+    param_dtype = weight.dtype if weight is not None else input.dtype
     if output_mask[1]:
-        grad_weight = (dy * xhat.reshape(N, C, HxW)).sum(dim=(0, 2))
+        grad_weight = (dy * xhat.reshape(N, C, HxW)).sum(dim=(0, 2)).to(param_dtype)
     if output_mask[2]:
-        grad_bias = dy.sum(dim=(0, 2))
+        grad_bias = dy.sum(dim=(0, 2)).to(param_dtype)
     return grad_input, grad_weight, grad_bias
 
 

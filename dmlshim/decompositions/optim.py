@@ -38,6 +38,20 @@ def clamp_min_tensor_out(self: torch.Tensor, min: torch.Tensor, *,  # noqa: A002
     return torch.maximum(self, min, out=out)
 
 
+def clamp_max_tensor_out(self: torch.Tensor, max: torch.Tensor, *,  # noqa: A002 - schema name
+                         out: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(self, max, out=out)
+
+
+def clamp_tensor_out(self: torch.Tensor, min=None, max=None, *,  # noqa: A002 - schema names
+                     out: torch.Tensor) -> torch.Tensor:
+    # The CPU order: the lower bound first, then the upper one (max wins where min > max).
+    value = self if min is None else torch.maximum(self, min)
+    if max is not None:
+        value = torch.minimum(value, max)
+    return write_out(out, value)
+
+
 DECOMPOSITIONS = (
     Decomposition("aten::lerp.Scalar_out", (675,), "optimizer (Adam, AdamW, NAdam, RAdam, Adamax)",
                   "`sub` + `add(alpha=weight)` (or `sub(alpha=1-weight)` for weight >= 0.5, "
@@ -46,4 +60,8 @@ DECOMPOSITIONS = (
                   "`sub`, `abs`, `lt`, `mul`, `where`", lerp_tensor_out),
     Decomposition("aten::clamp_min.Tensor_out", (), "optimizer (`amsgrad=True`, Adamax: "
                   "`_foreach_maximum_`)", "`maximum`", clamp_min_tensor_out),
+    Decomposition("aten::clamp_max.Tensor_out", (), "element-wise bounds (`_foreach_minimum_`, "
+                  "`torch.clamp_max(x, tensor)`)", "`minimum`", clamp_max_tensor_out),
+    Decomposition("aten::clamp.Tensor_out", (), "element-wise bounds (`torch.clamp(x, min=tensor,"
+                  " max=tensor)`)", "`maximum`, then `minimum`", clamp_tensor_out),
 )

@@ -21,35 +21,38 @@ What is always faithful (not switchable)
 Fidelity switches (``register(switches=...)`` / ``set_switches``); the first four are on by
 default, the bugs are opt-in:
 
-==============  ==============================================================================
-``fallback``    Operators torch-directml 0.2.5 has no kernel for run on the CPU, are counted
-                (``fallback_counts()``) and warn once per operator per process, with the
-                exact text of torch-directml. Which operators: see ``_fallback.py`` (the table
-                of reported ops with their issue numbers and what 0.2.5 does) and
-                ``_policy.py`` (the model of the dispatcher: 0.2.5's real kernel list,
-                structured out= routing, PyTorch's composites). E.g. Adam reports
-                ``aten::lerp.Scalar_out`` (#675), LSTM ``aten::_thnn_fused_lstm_cell`` and then
-                raises NotImplementedError (#654, #677: no CPU kernel either), group norm
-                backward ``aten::native_group_norm_backward`` (#678). Off: no counting,
-                no warning, and the ops without a CPU kernel (the fused LSTM cell) work.
-``float64``     Creating or computing a float64 tensor on the device raises
-                ``RuntimeError("The GPU device does not support Double (Float64)
-                operations!")`` (#430, #438, #699), as on adapters without float64. This
-                includes printing a floating-point tensor, which converts to double on the
-                device (#430, #396); ``.item()``, ``.tolist()``, ``.cpu()`` work.
-``autocast``    torch-directml 0.2.5 on torch 2.4.1: ``torch.autocast("privateuseone")`` is
-                accepted (float16 is its only "supported" dtype; bfloat16 warns and disables)
-                and does nothing: no AutocastPrivateUse1 kernels, ops stay float32 (#454, #192;
-                #454's "must be 'cuda' or 'cpu'" error was torch 1.13's). Off: autocast casts
-                like CUDA's (float16 matmul/conv/linear, float32 losses/softmax/norms).
-``generator``   torch-directml 0.2.5: ``torch.Generator(device="privateuseone")`` returns a
-                CPU generator (``g.device.type == "cpu"``; older releases raised, #374;
-                seeding "the device" has no effect of its own, #587). Off: the generator
-                reports ``privateuseone:N``.
-``bug-ce-none`` ``cross_entropy(reduction="none")`` gives zero gradients (#739, #740).
-``bug-mul-bool`` ``float_tensor * bool_tensor`` and ``*=`` give bool (#686, #737).
-``bug-bn-stats`` BatchNorm running statistics are not updated in training (#362).
-==============  ==============================================================================
+================  ==============================================================================
+``fallback``      Operators torch-directml 0.2.5 has no kernel for run on the CPU, are counted
+                  (``fallback_counts()``) and warn once per operator per process, with the
+                  exact text of torch-directml. Which operators: see ``_fallback.py`` (the table
+                  of reported ops with their issue numbers and what 0.2.5 does) and
+                  ``_policy.py`` (the model of the dispatcher: 0.2.5's real kernel list,
+                  structured out= routing, PyTorch's composites). E.g. Adam reports
+                  ``aten::lerp.Scalar_out`` (#675), LSTM ``aten::_thnn_fused_lstm_cell`` and then
+                  raises NotImplementedError (#654, #677: no CPU kernel either), group norm
+                  backward ``aten::native_group_norm_backward`` (#678). Off: no counting,
+                  no warning, and the ops without a CPU kernel (the fused LSTM cell) work.
+``float64``       Creating or computing a float64 tensor on the device raises
+                  ``RuntimeError("The GPU device does not support Double (Float64)
+                  operations!")`` (#430, #438, #699), as on adapters without float64. This
+                  includes printing a floating-point tensor, which converts to double on the
+                  device (#430, #396); ``.item()``, ``.tolist()``, ``.cpu()`` work.
+``autocast``      torch-directml 0.2.5 on torch 2.4.1: ``torch.autocast("privateuseone")`` is
+                  accepted (float16 is its one "supported" dtype; bfloat16 warns and disables
+                  itself), then the first operator on a device tensor inside the region raises
+                  ``NotImplementedError: Could not run 'aten::...' with arguments from the
+                  'AutocastPrivateUse1' backend`` (no kernel or fallthrough is registered for that
+                  key by torch or torch-directml; #454's "must be 'cuda' or 'cpu'" was torch
+                  1.13's answer). Off: autocast works like CUDA's (float16 matmul/conv/linear,
+                  float32 losses/softmax/norms, everything else passes through).
+``generator``     torch-directml 0.2.5: ``torch.Generator(device="privateuseone")`` returns a
+                  CPU generator (``g.device.type == "cpu"``; older releases raised, #374;
+                  seeding "the device" has no effect of its own, #587). Off: the generator
+                  reports ``privateuseone:N``.
+``bug-ce-none``   ``cross_entropy(reduction="none")`` gives zero gradients (#739, #740).
+``bug-mul-bool``  ``float_tensor * bool_tensor`` and ``*=`` give bool (#686, #737).
+``bug-bn-stats``  BatchNorm running statistics are not updated in training (#362).
+================  ==============================================================================
 
 Not reproduced: copies between two adapters giving zeros (#443), ``eye`` returning an empty
 tensor (#431), float64 computed at float32 precision on adapters that accept it (#398),

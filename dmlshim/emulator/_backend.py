@@ -164,9 +164,10 @@ def _torch_version() -> tuple:
 def _build_cpp_guard() -> Any:
     if shutil.which(os.environ.get("CXX", "g++")) is None and shutil.which("c++") is None:
         raise EmulatorError(
-            "dmlshim emulator: torch < 2.5 needs a small C++ device guard for PrivateUse1, built "
-            "once with torch.utils.cpp_extension, but no C++ compiler (g++) was found. Install "
-            "g++ and ninja (pip install ninja), or use torch >= 2.5."
+            f"dmlshim emulator: torch {torch.__version__} has no Python device guard for "
+            "PrivateUse1, so the emulator builds a small C++ one (once, with "
+            "torch.utils.cpp_extension), but no C++ compiler (g++) was found. Install g++ and "
+            "ninja (pip install ninja), or use torch >= 2.5."
         )
     from torch.utils import cpp_extension
 
@@ -182,23 +183,25 @@ def _build_cpp_guard() -> Any:
         ) from err
 
 
-def _install_python_guard() -> None:
+def _install_python_guard() -> bool:
+    """PyTorch's private Python device guard and hooks (torch >= 2.5); False if missing."""
     acc = getattr(torch._C, "_acc", None)
     try:
-        # Same name, so nothing is renamed: this only marks the PrivateUse1 backend as
-        # registered, without which torch >= 2.5 finds no accelerator and backward() fails
-        # ("Cannot access accelerator device when none is available").
-        torch._C._rename_privateuse1_backend("privateuseone")
         from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
 
-        acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
-        acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
-    except (AttributeError, ImportError, TypeError) as err:
-        raise EmulatorError(
-            f"dmlshim emulator: this torch ({torch.__version__}) lacks the private Python "
-            f"PrivateUse1 hooks the emulator uses on torch >= 2.5 (torch.utils."
-            f"backend_registration._setup_privateuseone_for_python_backend): {err}"
-        ) from err
+        register_hook = acc.register_python_privateuseone_hook
+        register_guard = acc.register_python_privateuseone_device_guard
+    except (AttributeError, ImportError):
+        return False
+    # What torch.utils.backend_registration._setup_privateuseone_for_python_backend does,
+    # minus generate_methods_for_privateuse1_backend (torch-directml adds no Tensor/Module
+    # methods). The "rename" keeps the name: it only marks the PrivateUse1 backend as
+    # registered, without which torch >= 2.5 finds no accelerator and backward() fails
+    # ("Cannot access accelerator device when none is available").
+    torch._C._rename_privateuse1_backend("privateuseone")
+    register_hook(_DummyPrivateUse1Hook())
+    register_guard(_DummyDeviceGuard())
+    return True
 
 
 def _allow_foreach() -> None:
@@ -232,11 +235,11 @@ def install() -> None:
             f"dmlshim emulator: another PrivateUse1 backend module is registered "
             f"({torch.privateuseone!r}); the emulator cannot register beside it"
         )
-    if _torch_version() < (2, 5):
+    # torch < 2.5 has no Python device guard; a torch without the private hooks gets the
+    # C++ one too.
+    if _torch_version() < (2, 5) or not _install_python_guard():
         _cpp_guard = _build_cpp_guard()
         _cpp_guard.set_device_count(state.count)
-    else:
-        _install_python_guard()
     torch._register_device_module("privateuseone", DeviceModule)
     _lib = torch.library.Library("aten", "IMPL")  # kept alive for the process
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")

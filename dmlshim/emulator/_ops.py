@@ -87,10 +87,12 @@ def _convolution_overrideable(func, plan, args, kwargs):
     cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
     if func.name() == "aten::convolution_overrideable":
         return wrap(aten.convolution(*cargs, **ckwargs), index)
+    # (grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+    #  groups, output_mask): convolution_backward also wants the bias size.
     grad_output, inp, weight = cargs[:3]
-    rest = cargs[3:]
-    bias_sizes = [weight.shape[0]]
-    out = aten.convolution_backward(grad_output, inp, weight, bias_sizes, *rest, **ckwargs)
+    transposed, groups = cargs[6], cargs[8]
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    out = aten.convolution_backward(grad_output, inp, weight, bias_sizes, *cargs[3:], **ckwargs)
     return tuple(wrap(t, index) if t is not None else None for t in out)
 
 

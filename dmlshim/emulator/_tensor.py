@@ -290,10 +290,11 @@ def finish(plan: _policy.Plan, args, kwargs, out, index: int, wrap_results: bool
             value = out[i] if isinstance(out, (tuple, list)) else out
             originals.append(_wrap_result(value, index) if wrap_results else value)
             continue
-        kind, key = target
-        original = args[key] if kind == "a" and key < len(args) else kwargs.get(key)
-        if original is None and kind == "a":
-            original = kwargs.get(key)
+        position, name = target
+        if position is not None and position < len(args):
+            original = args[position]
+        else:
+            original = kwargs.get(name)
         originals.append(original)
         if plan.resizes:
             for t in original if isinstance(original, (list, tuple)) else (original,):

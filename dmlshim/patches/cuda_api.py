@@ -32,7 +32,24 @@ class UnsupportedCudaAPI(RuntimeError):
 
 # -- Streams and events: host-clock timing after a device sync -----------------------------
 
-class Event:
+def _dynamo_bases() -> tuple:
+    """torch 2.4's dynamo asserts torch.cuda.Event/Stream inherit the ABCs of torch._streambase;
+    later torch made those deprecated aliases of torch.Event/Stream and checks nothing."""
+    import abc
+
+    try:
+        from torch._streambase import _EventBase, _StreamBase
+    except ImportError:
+        return object, object
+    if type(_EventBase) is abc.ABCMeta and type(_StreamBase) is abc.ABCMeta:
+        return _EventBase, _StreamBase
+    return object, object
+
+
+_EventBase, _StreamBase = _dynamo_bases()
+
+
+class Event(_EventBase):  # type: ignore[misc, valid-type]
     """torch.cuda.Event on a target without CUDA: records the host clock after a device sync."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
@@ -70,7 +87,7 @@ class Event:
         return f"<dmlshim Event recorded={self._time is not None}>"
 
 
-class Stream:
+class Stream(_StreamBase):  # type: ignore[misc, valid-type]
     """torch.cuda.Stream stand-in: one in-order queue per device, like the default stream."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:

@@ -88,29 +88,16 @@ def _needs_staging(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "cuda", "meta")
 
 
-class _CompletedWork(dist.Work):
-    """A finished collective: ``wait()`` returns at once, the future holds the result."""
+def _completed_work(result: List[torch.Tensor]) -> dist.Work:
+    """A finished collective: ``wait()`` returns at once, the future holds ``result``.
 
-    def __init__(self, result: List[torch.Tensor]) -> None:
-        super().__init__()
-        self._result = result
-        self._future: torch.futures.Future = torch.futures.Future()
-        self._future.set_result(result)
-
-    def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def result(self) -> List[torch.Tensor]:
-        return self._result
+    A C++ Work wrapping a completed future, not a Python subclass of Work: torch 2.4 keeps only
+    the C++ half of a Python Work alive once C++ code (DDP) holds it, and its ``wait()`` then
+    blocks forever.
+    """
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(future)
 
 
 class _Stager:
@@ -187,7 +174,7 @@ class StagingProcessGroup(dist.ProcessGroup):
         if work is not None:
             work.wait()
         stager.copy_back()
-        return _CompletedWork([d for d, _ in stager.pairs])
+        return _completed_work([d for d, _ in stager.pairs])
 
     def barrier(self, opts=None):  # noqa: D102
         new = dist.BarrierOptions()
@@ -313,9 +300,13 @@ class DistributedPatch(Patch):
                     args = args[:2] + (actual,) + args[3:]
                 else:
                     kwargs["backend"] = actual
+                shown: Optional[str] = requested_name(requested)
+            else:  # the default group's backend, as the script was told it
+                shown = _requested.get(c10d._get_default_group()) if c10d.is_initialized() \
+                    else None
             group = wrapped(*args, **kwargs)
-            if requested is not None and isinstance(group, dist.ProcessGroup):
-                _requested[group] = requested_name(requested)
+            if shown is not None and isinstance(group, dist.ProcessGroup):
+                _requested[group] = shown
             return group
 
         for owner in (dist, c10d):

@@ -128,7 +128,12 @@ class OptimizerRebindPatch(Patch):
 
         # -- conversions ----------------------------------------------------------------------
         def module_apply(wrapped, instance, args, kwargs):
-            if getattr(local, "converting", False) or not isinstance(instance, torch.nn.Module):
+            # Only the outermost call of a tree: _apply recurses into the children (and
+            # RNNBase._apply calls super()). A module outside the tree being converted (a custom
+            # _apply converting some other model) gets its own outermost treatment.
+            covered = getattr(local, "converting", None)
+            if not isinstance(instance, torch.nn.Module) or \
+                    (covered is not None and id(instance) in covered):
                 return wrapped(*args, **kwargs)
             slots = remap.parameter_slots(instance)
             if policy != "off":
@@ -136,11 +141,11 @@ class OptimizerRebindPatch(Patch):
                 if tied:
                     args, kwargs = _replace_fn(args, kwargs,
                                                lambda fn: remap.memoize_for(tied, fn))
-            local.converting = True
+            local.converting = {id(m) for m in instance.modules()} | (covered or set())
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                local.converting = False
+                local.converting = covered
                 after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
 
         def module_load_state_dict(wrapped, instance, args, kwargs):

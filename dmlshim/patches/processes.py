@@ -132,7 +132,7 @@ class ProcessesPatch(Patch):
         _register_fork_handler()
         self._install_spawn_launcher()
         if target.is_directml:
-            self._install_tensor_reducers()
+            self._install_tensor_reducers(target)
             self.wrap(torch.nn.Module, "share_memory", _share_memory)
 
     # -- torch.multiprocessing.spawn / start_processes -------------------------------------
@@ -164,11 +164,12 @@ class ProcessesPatch(Patch):
             self.wrap(torch.multiprocessing, "start_processes", start_processes)
 
     # -- DirectML tensors sent to another process -----------------------------------------
-    def _install_tensor_reducers(self) -> None:
+    def _install_tensor_reducers(self, target) -> None:
         # ForkingPickler picks a reducer by exact type: torch registers torch.Tensor and
         # nn.Parameter; the emulator's tensors have a class of their own.
-        classes = {torch.Tensor, torch.nn.Parameter,
-                   type(torch.empty(0, device=devicemap.device_for(None)))}
+        classes = {torch.Tensor, torch.nn.Parameter}
+        if target.kind == "emulated-dml":
+            classes.add(type(torch.empty(0, device=devicemap.device_for(None))))
         table = ForkingPickler._extra_reducers
         for cls in classes:
             original = table.get(cls)

@@ -112,7 +112,7 @@ def loss_fn(output, target):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="a CUDA training script that stalls on DirectML")
     parser.add_argument("--model", choices=["mlp", "tied", "lstm"], default="mlp")
     parser.add_argument("--optim", choices=["sgd", "adam", "adamw", "rmsprop"], default="sgd")
     parser.add_argument("--sched", choices=["none", "step", "onecycle", "plateau"],
@@ -158,7 +158,8 @@ def main():
     model.to(device)
     if args.assign:
         checkpoint.seek(0)
-        model.load_state_dict(torch.load(checkpoint, map_location=device), assign=True)
+        model.load_state_dict(torch.load(checkpoint, map_location=device, weights_only=True),
+                              assign=True)
     if args.order == "right":
         optimizer, scheduler = build()
 

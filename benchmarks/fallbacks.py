@@ -1,0 +1,317 @@
+"""CPU fallbacks per training step on the emulated DirectML device, decompositions off vs on.
+
+Every run is a subprocess through the runner (``python -m dmlshim script``) with
+``DMLSHIM_DEVICE=emulated-dml`` and ``DMLSHIM_REPORT=<tmp>.json``; the count is the report's
+``cpu_fallbacks.total`` (the emulator counts every fallback call, exactly), divided by the
+training steps the script printed. Two kinds of workloads:
+
+* optimizer steps: this file run as a CUDA-style worker (``--worker``): an 8-layer MLP on
+  ``cuda``, whose forward/backward has no fallback, trained with Adam, AdamW, SGD+momentum or
+  RMSprop, so every fallback counted is the optimizer's; and two models of the other layers
+  with decompositions (EmbeddingBag, GroupNorm, 1-D upsampling; GRU, LSTMCell; both with a
+  BCE loss) trained with SGD+momentum, which has no fallback;
+* the test corpus (tests/corpus/{mlp,cnn,lstm_lm,transformer}.py, one epoch): whole scripts,
+  including their validation passes.
+
+``--speed`` also times the optimizer workloads with decompositions on, PyTorch's default
+(``foreach``) against ``foreach=False``, alternating runs (steps/s of the timed loop, median).
+The emulator runs every op through Python on the CPU: the ratio says how the two paths compare
+in op count and Python overhead there, not how fast a GPU runs them.
+
+    python benchmarks/fallbacks.py                 # markdown tables on stdout
+    python benchmarks/fallbacks.py --speed --runs 5 --json out.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+CORPUS = os.path.join(REPO, "tests", "corpus")
+OPTIMIZERS = ("Adam", "AdamW", "SGD", "RMSprop")
+OPTIMIZER_LABELS = {"Adam": "Adam", "AdamW": "AdamW", "SGD": "SGD+momentum", "RMSprop": "RMSprop"}
+CORPUS_SCRIPTS = ("mlp", "cnn", "lstm_lm", "transformer")
+LOSS_STEP_RE = re.compile(r"^loss \d+ \d+ ")  # training steps, not "loss 1 val ..."
+
+
+# -- the worker: a CUDA-style training loop ---------------------------------------------------
+
+def _layers_net(recurrent: bool):
+    """The other layers with decompositions, each model ending in sigmoid + binary cross-entropy:
+    EmbeddingBag, Conv1d, GroupNorm, 1-D nearest upsampling; or (``recurrent``) Embedding,
+    GRU, LSTMCell (whose fallback cannot run at all: no CPU kernel)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class LayersNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bag = nn.EmbeddingBag(40, 16, mode="mean", padding_idx=0)
+            self.conv = nn.Conv1d(16, 16, 3, padding=1)
+            self.norm = nn.GroupNorm(4, 16)
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, tokens):
+            b, t = tokens.shape
+            x = self.bag(tokens.reshape(-1, 4)).reshape(b, t // 4, 16).transpose(1, 2)
+            x = self.up(F.relu(self.norm(self.conv(x))))
+            return torch.sigmoid(self.head(x.mean(2))).squeeze(1)
+
+    class RecurrentNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(40, 16)
+            self.gru = nn.GRU(16, 12, batch_first=True)
+            self.cell = nn.LSTMCell(12, 8)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, tokens):
+            out, _ = self.gru(self.emb(tokens))
+            h, _ = self.cell(out[:, -1])
+            return torch.sigmoid(self.head(h)).squeeze(1)
+
+    return RecurrentNet() if recurrent else LayersNet()
+
+
+def worker(argv: Sequence[str]) -> None:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=("mlp", "layers", "recurrent"), default="mlp")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, required=True)
+    p.add_argument("--foreach", choices=("default", "false"), default="default")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    a = p.parse_args(argv)
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if a.model in ("layers", "recurrent"):
+        model = _layers_net(a.model == "recurrent").to(device)
+        x = torch.randint(0, 40, (32, 16)).to(device)
+        y = (torch.rand(32) > 0.5).float().to(device)
+        criterion = F.binary_cross_entropy
+    else:
+        layers: List[nn.Module] = []
+        for _ in range(7):
+            layers += [nn.Linear(64, 64), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(64, 10)).to(device)
+        x = torch.randn(32, 64).to(device)
+        y = torch.randint(0, 10, (32,)).to(device)
+        criterion = F.cross_entropy
+    kwargs: Dict[str, object] = {"lr": 1e-3}
+    if a.optimizer == "SGD":
+        kwargs.update(lr=0.01, momentum=0.9)
+    if a.foreach == "false":
+        kwargs["foreach"] = False
+    optimizer = getattr(torch.optim, a.optimizer)(model.parameters(), **kwargs)
+
+    def step() -> float:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        t0 = time.perf_counter()
+        optimizer.step()
+        return time.perf_counter() - t0
+
+    for _ in range(a.warmup):
+        step()
+    t0 = time.perf_counter()
+    in_step = 0.0
+    for _ in range(a.steps):
+        in_step += step()
+    elapsed = time.perf_counter() - t0
+    print(f"loss_steps {a.warmup + a.steps}")
+    print(f"steps_per_s {a.steps / elapsed:.3f}")
+    print(f"optimizer_steps_per_s {a.steps / in_step:.3f}")
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess, report: Optional[dict]) -> None:
+        self.proc = proc
+        self.report = report
+
+    @property
+    def ok(self) -> bool:
+        return self.proc.returncode == 0
+
+    def value(self, key: str) -> Optional[float]:
+        for line in self.proc.stdout.splitlines():
+            if line.startswith(key + " "):
+                return float(line.split()[1])
+        return None
+
+    @property
+    def steps(self) -> int:
+        explicit = self.value("loss_steps")
+        if explicit is not None:
+            return int(explicit)
+        return sum(1 for line in self.proc.stdout.splitlines() if LOSS_STEP_RE.match(line))
+
+    @property
+    def fallbacks(self) -> Dict[str, int]:
+        if self.report is None:
+            return {}
+        return dict(self.report.get("cpu_fallbacks", {}).get("ops", {}))
+
+    @property
+    def error(self) -> str:
+        lines = [ln for ln in self.proc.stderr.splitlines() if re.match(r"^\w*(Error|Exception)", ln)]
+        return lines[-1].split(":", 1)[0] if lines else f"exit status {self.proc.returncode}"
+
+
+def run_shim(script: str, args: Sequence[str], decompose: str, python: str,
+             timeout: float) -> Run:
+    with tempfile.TemporaryDirectory(prefix="dmlshim-fallbacks-") as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        env = clean_env(DMLSHIM_DEVICE="emulated-dml", DMLSHIM_DECOMPOSE=decompose,
+                        DMLSHIM_REPORT=report_path)
+        proc = subprocess.run([python, "-m", "dmlshim", script, *args], capture_output=True,
+                              text=True, env=env, cwd=tmp, timeout=timeout)
+        report = None
+        if os.path.exists(report_path):
+            with open(report_path, encoding="utf-8") as fh:
+                report = json.load(fh)
+        return Run(proc, report)
+
+
+def per_step(run: Run) -> str:
+    total = sum(run.fallbacks.values())
+    steps = run.steps
+    if not run.ok:
+        return f"fails at step {steps + 1} ({run.error}, after {total} fallback(s))"
+    if not steps:
+        return f"{total} (no steps)"
+    value = total / steps
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
+
+
+def ops_cell(run: Run) -> str:
+    ops = run.fallbacks
+    if not ops:
+        return "-"
+    return ", ".join(f"`{op}` x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
+def table(rows: List[Tuple[str, Run, Run]]) -> str:
+    out = ["| workload | fallbacks per step, off | fallbacks per step, on | ops, off (calls) | "
+           "ops, on (calls) |",
+           "|---|---|---|---|---|"]
+    for name, off, on in rows:
+        out.append(f"| {name} | {per_step(off)} | {per_step(on)} | {ops_cell(off)} | "
+                   f"{ops_cell(on)} |")
+    return "\n".join(out)
+
+
+def speed(args: argparse.Namespace, emit) -> str:
+    out = ["| optimizer | default (foreach), steps/s | foreach=False, steps/s | "
+           "optimizer.step() only: foreach / foreach=False, steps/s |",
+           "|---|---|---|---|"]
+    me = os.path.abspath(__file__)
+    for name in args.optimizers:
+        results: Dict[str, List[Tuple[float, float]]] = {"default": [], "false": []}
+        for i in range(args.runs):
+            order = ("default", "false") if i % 2 == 0 else ("false", "default")
+            for mode in order:
+                run = run_shim(me, ["--worker", "--optimizer", name, "--foreach", mode,
+                                    "--steps", str(args.speed_steps)], "on", args.python,
+                               args.timeout)
+                if not run.ok:
+                    raise RuntimeError(f"{name} foreach={mode} failed:\n{run.proc.stderr[-2000:]}")
+                results[mode].append((run.value("steps_per_s") or 0.0,
+                                      run.value("optimizer_steps_per_s") or 0.0))
+        med = {m: (_median([v[0] for v in r]), _median([v[1] for v in r]))
+               for m, r in results.items()}
+        emit({"bench": "foreach_speed", "optimizer": name, "runs": args.runs,
+              "default": results["default"], "foreach_false": results["false"]})
+        out.append(f"| {OPTIMIZER_LABELS[name]} | {med['default'][0]:.1f} | {med['false'][0]:.1f} "
+                   f"| {med['default'][1]:.1f} / {med['false'][1]:.1f} |")
+    return "\n".join(out)
+
+
+def _median(values: List[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        worker(argv[1:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--optimizers", nargs="*", default=list(OPTIMIZERS), choices=OPTIMIZERS)
+    p.add_argument("--corpus", nargs="*", default=list(CORPUS_SCRIPTS), choices=CORPUS_SCRIPTS)
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per counting run")
+    p.add_argument("--no-layers", dest="layers", action="store_false",
+                   help="skip the workload of the other decomposed layers")
+    p.add_argument("--speed", action="store_true", help="also time foreach vs foreach=False")
+    p.add_argument("--speed-steps", type=int, default=30)
+    p.add_argument("--runs", type=int, default=3, help="alternating timing runs per side")
+    p.add_argument("--python", default=sys.executable, help="interpreter to run the scripts")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--json", default=None, help="append one JSON line per result here")
+    args = p.parse_args(argv)
+
+    def emit(row: Dict[str, object]) -> None:
+        if args.json:
+            with open(args.json, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True).stdout.strip()
+    me = os.path.abspath(__file__)
+    rows: List[Tuple[str, Run, Run]] = []
+    for name in args.optimizers:
+        runs = [run_shim(me, ["--worker", "--optimizer", name, "--steps", str(args.steps)],
+                         mode, args.python, args.timeout) for mode in ("off", "on")]
+        rows.append((f"{OPTIMIZER_LABELS[name]} step (8-layer MLP)", *runs))
+    if args.layers:
+        for model, label in (("layers", "EmbeddingBag, GroupNorm, Upsample (1-D), BCE"),
+                             ("recurrent", "GRU, LSTMCell, BCE")):
+            runs = [run_shim(me, ["--worker", "--model", model, "--optimizer", "SGD",
+                                  "--steps", str(args.steps)], mode, args.python, args.timeout)
+                    for mode in ("off", "on")]
+            rows.append((f"{label}: training step with SGD+momentum", *runs))
+    for script in args.corpus:
+        path = os.path.join(CORPUS, script + ".py")
+        runs = [run_shim(path, ["--epochs", "1"], mode, args.python, args.timeout)
+                for mode in ("off", "on")]
+        rows.append((f"corpus `{script}.py` (1 epoch)", *runs))
+    for name, off, on in rows:
+        emit({"bench": "fallbacks", "workload": name, "torch": version,
+              "off": {"ok": off.ok, "steps": off.steps, "ops": off.fallbacks},
+              "on": {"ok": on.ok, "steps": on.steps, "ops": on.fallbacks}})
+    print(f"CPU fallbacks per training step, emulated-dml, torch {version} "
+          f"(DMLSHIM_DECOMPOSE=off vs on)\n")
+    print(table(rows))
+    if args.speed:
+        print(f"\nOptimizer path speed on the emulator, DMLSHIM_DECOMPOSE=on, torch {version}, "
+              f"median of {args.runs} alternating runs\n")
+        print(speed(args, emit))
+
+
+if __name__ == "__main__":
+    main()
