@@ -90,7 +90,7 @@ def with_import_line(source: str, line: str = "import dmlshim") -> str:
     return "".join(lines[:at]) + line + "\n" + "".join(lines[at:])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def neutral_cwd() -> str:
     """An empty directory of our own: `python -m` puts the cwd first on sys.path, so a stray
     `enum.py` in a shared temp dir would shadow the standard library."""
