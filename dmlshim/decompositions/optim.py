@@ -1,5 +1,6 @@
 """Optimizer updates: ``lerp`` (Adam, AdamW, NAdam, RAdam, Adamax) and ``clamp_min.Tensor``
-(``_foreach_maximum_`` of Adam/AdamW with ``amsgrad=True`` and of Adamax).
+(``_foreach_maximum_`` of Adam/AdamW with ``amsgrad=True`` and of Adamax); with them the other
+tensor-bound clamps (``_foreach_minimum_``, ``torch.clamp(x, min=t, max=t)``).
 
 Since torch 2.4 the ``_foreach_*`` operators have a CompositeExplicitAutograd kernel that loops
 over the per-tensor operator, so on torch-directml 0.2.5 the ``_foreach_*`` ops themselves no

@@ -58,38 +58,6 @@ def _device_kwarg(api: str, position: Optional[int] = None):
     return wrapper
 
 
-def _tensor_to(wrapped, instance, args, kwargs):
-    if args:
-        first = args[0]
-        new = map_device(first, int_is_cuda=True)
-        if new is not first:
-            args = (new,) + tuple(args[1:])
-            events.redirected("Tensor.to", first, new)
-    dev = kwargs.get("device")
-    if dev is not None:
-        new = map_device(dev, int_is_cuda=True)
-        if new is not dev:
-            kwargs["device"] = new
-            events.redirected("Tensor.to", dev, new, arg="device")
-    return wrapped(*args, **kwargs)
-
-
-def _module_to(wrapped, instance, args, kwargs):
-    if args:
-        first = args[0]
-        new = map_device(first, int_is_cuda=True)
-        if new is not first:
-            args = (new,) + tuple(args[1:])
-            events.redirected("Module.to", first, new)
-    dev = kwargs.get("device")
-    if dev is not None:
-        new = map_device(dev, int_is_cuda=True)
-        if new is not dev:
-            kwargs["device"] = new
-            events.redirected("Module.to", dev, new, arg="device")
-    return wrapped(*args, **kwargs)
-
-
 def _cuda_arg(args: tuple, kwargs: Dict[str, Any]) -> Any:
     if args:
         return args[0]
@@ -132,9 +100,9 @@ class DevicesPatch(Patch):
             return m_to(instance, dev)
 
         self.wrap(torch.Tensor, "cuda", tensor_cuda)
-        self.wrap(torch.Tensor, "to", _tensor_to)
+        self.wrap(torch.Tensor, "to", _device_kwarg("Tensor.to", position=0))
         self.wrap(torch.nn.Module, "cuda", module_cuda)
-        self.wrap(torch.nn.Module, "to", _module_to)
+        self.wrap(torch.nn.Module, "to", _device_kwarg("Module.to", position=0))
         self.wrap(torch.nn.Module, "to_empty", _device_kwarg("Module.to_empty"))
 
         for name in factory_names():
