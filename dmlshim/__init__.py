@@ -16,10 +16,31 @@ from dmlshim.api import current_target, get_original, install, is_installed, uni
 __all__ = ["install", "uninstall", "is_installed", "get_original", "current_target", "__version__"]
 
 
+def _started_as_runner() -> bool:
+    """True while `python -m dmlshim` imports this package, before its __main__ runs.
+
+    The runner installs with the CLI options itself. `import dmlshim` inside another
+    `python -m pkg` must still install, so look at the interpreter's own command line.
+    """
+    orig = getattr(sys, "orig_argv", None)  # Python >= 3.10
+    if orig is None:
+        return sys.argv[:1] == ["-m"]
+    args = iter(orig[1:])
+    for arg in args:
+        if arg == "-m":
+            return next(args, "") in ("dmlshim", "dmlshim.__main__")
+        if arg.startswith("-m"):
+            return arg[2:] in ("dmlshim", "dmlshim.__main__")
+        if arg in ("-W", "-X", "-Q"):
+            next(args, None)
+            continue
+        if not arg.startswith("-") or arg == "-c":
+            return False
+    return False
+
+
 def _autoinstall() -> None:
-    # `python -m dmlshim` imports this package before its own __main__ parses the CLI;
-    # the runner installs with the CLI options itself (sys.argv[0] is "-m" while it starts).
-    if sys.argv[:1] == ["-m"]:
+    if _started_as_runner():
         return
     from dmlshim import config
 

@@ -70,6 +70,8 @@ def test_nccl_script_on_cpu_gets_gloo_and_is_told_nccl(shim, one_rank, backend):
     one_rank(backend, device_id=torch.device("cuda", 0))
     assert dist.get_backend() == backend
     assert c10d._world.pg_map[c10d._get_default_group()][0] == "gloo"  # what torch sees
+    assert dist.get_backend(dist.new_group([0])) == backend  # a subgroup inherits the answer
+    assert dist.get_backend(dist.new_group([0], backend="nccl")) == "nccl"
     t = torch.ones(3, device="cuda")
     dist.all_reduce(t)
     dist.barrier()
