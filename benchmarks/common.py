@@ -7,7 +7,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 from datetime import date
 from typing import Callable, Dict, List, Optional, Sequence
 

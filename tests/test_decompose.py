@@ -17,7 +17,6 @@ import warnings
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401 - see below
 import torch.nn as nn
 import torch.nn.functional as F
 from helpers import describe, losses, run_native, run_shim
@@ -28,10 +27,6 @@ from dmlshim.decompositions import Decomposition, all_decompositions, falls_back
 from dmlshim.patches import decompose
 from dmlshim.patching import get_original
 
-# torch.optim imports torch._dynamo lazily at the first optimizer; on torch 2.4.1 that import
-# asserts that torch.cuda.Event subclasses torch._streambase._EventBase, which dmlshim's
-# torch.cuda.Event (patches/cuda_api.py) does not. Imported here, before any install, so the
-# tests of this file test the decompositions; the subprocess tests still meet that problem.
 DEV = torch.device("privateuseone", 0)
 KEY = "aten/{}/PrivateUse1"
 
@@ -155,6 +150,17 @@ def test_register_skips_unknown_ops_and_remove_is_idempotent():
     finally:
         reg.remove()
         reg.remove()
+    assert falls_back("aten::lerp.Scalar_out")
+    assert KEY.format("lerp.Scalar_out") not in torch.library._impls
+
+
+def test_remove_without_library_destroy_still_unregisters():
+    # Library._destroy is private (torch 2.4.1 and 2.13 have it); without it the C++ handle is
+    # reset and torch.library's key set cleaned by hand.
+    lerp = next(d for d in all_decompositions() if d.op == "aten::lerp.Scalar_out")
+    reg = decompositions.register([lerp])
+    reg.library._destroy = None  # shadows the method on this instance
+    reg.remove()
     assert falls_back("aten::lerp.Scalar_out")
     assert KEY.format("lerp.Scalar_out") not in torch.library._impls
 

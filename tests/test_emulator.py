@@ -26,12 +26,18 @@ from dmlshim.emulator import _fallback
 ROOT = Path(__file__).resolve().parents[1]
 F64 = "The GPU device does not support Double (Float64) operations!"
 
+# The autograd engine sizes its device queues at the first backward() of the process: install
+# the emulator's device guard while tests are collected, before any test (of any file) runs one.
+if "torch_directml" not in sys.modules:
+    emulator.install_device_guard()
+
 
 @pytest.fixture
 def emu():
     before = (emulator.device_count(), emulator.switches()) if emulator.is_registered() else None
     emulator.register(2, emulator.GAPS)
     emulator.reset_fallback_counts()
+    assert emulator.autograd_ready(), "a backward() ran before the emulator's device guard existed"
     yield emulator
     if before is not None:
         emulator.register(*before)
@@ -493,9 +499,10 @@ def test_memory_counters(emu):
     emu.synchronize(1)
 
 
-def test_register_refused_beside_torch_directml():
+def test_register_refused_beside_torch_directml_and_late_registration_warns():
     code = textwrap.dedent("""
-        import sys, types
+        import sys, types, warnings
+        import torch
         sys.modules["torch_directml"] = types.ModuleType("torch_directml")
         from dmlshim import emulator
         try:
@@ -503,10 +510,19 @@ def test_register_refused_beside_torch_directml():
         except emulator.EmulatorError as err:
             print("refused:", err)
         print("registered:", emulator.is_registered())
+        del sys.modules["torch_directml"]
+        torch.ones(1, requires_grad=True).sum().backward()  # the engine starts without it
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            emulator.register()
+        print("warned:", [str(w.message)[:80] for w in caught])
+        print("autograd:", emulator.autograd_ready())
     """)
     env = dict(os.environ, DMLSHIM_DISABLE="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "refused: dmlshim emulator: torch_directml is already imported" in proc.stdout
     assert "registered: False" in proc.stdout
+    assert "warned: ['dmlshim emulator: backward() cannot run on the emulated device" in proc.stdout
+    assert "autograd: False" in proc.stdout

@@ -23,6 +23,9 @@ def main() -> None:
     p.add_argument("--model", choices=["resnet50", "gpt2"], default="resnet50")
     p.add_argument("--bounces", type=int, default=5)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--move-state", action="store_true",
+                   help="after each conversion move the optimizer state to its parameter's "
+                        "device by hand (what a correct script needs when params keep identity)")
     a = p.parse_args()
     if a.overwrite:
         torch.__future__.set_overwrite_module_params_on_conversion(True)
@@ -48,9 +51,19 @@ def main() -> None:
     torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
     base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
     t0 = time.perf_counter()
+    def move_state(dev):
+        for state in opt.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and key != "step":
+                    state[key] = value.to(dev)
+
     for _ in range(a.bounces):
         model.cpu()
+        if a.move_state:
+            move_state("cpu")
         model.to(device)
+        if a.move_state:
+            move_state(device)
     sync()
     dt = (time.perf_counter() - t0) / a.bounces
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0

@@ -59,6 +59,15 @@ tensor (#431), float64 computed at float32 precision on adapters that accept it 
 missing bfloat16 (#688), ``tensor.new()`` (#400), checkpoint location tags (#196, #466):
 emulated tensors are saved as CPU data plus the device string.
 
+Autograd needs a PrivateUse1 device guard, and PyTorch's autograd engine sizes its device
+queues once, at the first backward() of the process: register the emulator (or call
+:func:`install_device_guard`) before any backward() runs, else backward() on the device fails
+(``register()`` then warns; :func:`autograd_ready` tells). torch < 2.5 has no Python guard: a
+small C++ one (``_guard.cpp``) is built once with ``torch.utils.cpp_extension`` (g++ and ninja;
+cached in the torch extensions directory, ``TORCH_EXTENSIONS_DIR``). On newer torch PyTorch's
+private Python guard is used; it reports one device, so backward() works on
+``privateuseone:0`` only, unless ``install_device_guard(cpp=True)`` ran first.
+
 Kernel hook: a kernel registered for the ``PrivateUse1`` dispatch key through
 ``torch.library`` (or with :func:`register_device_kernel`) runs instead of the emulator's
 CPU path and is never counted as a fallback, as a registered kernel takes the operator off
@@ -71,6 +80,7 @@ through their out= kernel, as in PyTorch.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
@@ -93,6 +103,7 @@ from dmlshim.emulator._tensor import F64_MESSAGE, EmuTensor
 
 __all__ = [
     "EmulatorError", "EmulatorIndexError", "register", "is_registered", "set_switches",
+    "install_device_guard", "autograd_ready",
     "switches", "device", "device_count", "synchronize", "memory_allocated",
     "max_memory_allocated", "reset_peak_memory_stats", "fallback_counts",
     "reset_fallback_counts", "is_emulated", "register_device_kernel",
@@ -122,9 +133,45 @@ def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
     from dmlshim.emulator import _backend
 
     apply_switches(names)
+    first = not state.registered
     _backend.install()
     state.registered = True
     _sync_registrations()
+    if first and not _backend.autograd_ready():
+        warnings.warn(
+            "dmlshim emulator: backward() cannot run on the emulated device in this process: "
+            "the autograd engine started (a backward() ran) before the emulator's device guard "
+            "was installed, and it sizes its device queues only once. Call "
+            "dmlshim.emulator.install_device_guard() (or register()) before the first "
+            "backward().", RuntimeWarning, stacklevel=2)
+
+
+def install_device_guard(cpp: Optional[bool] = None) -> str:
+    """Install only the emulator's PrivateUse1 device guard; return "cpp" or "python".
+
+    PyTorch's autograd engine creates its per-device queues once, at the first backward() of
+    the process, from the device guards registered at that moment: the emulated device can
+    run backward() only if its guard existed then. ``register()`` installs it; call this
+    earlier (e.g. at the start of a test session) when a backward() may run before the
+    emulator is registered. Nothing else is registered (no device module, no kernels).
+
+    ``cpp=None`` builds the small C++ guard on torch < 2.5 and uses PyTorch's Python guard on
+    newer torch; that one reports a single device, so backward() then works on
+    ``privateuseone:0`` only. ``cpp=True`` builds the C++ guard (8 adapters) on any torch.
+    Raises EmulatorError if torch_directml is imported or the C++ guard cannot be built.
+    """
+    from dmlshim.emulator import _backend
+
+    return _backend.install_device_guard(cpp)
+
+
+def autograd_ready() -> bool:
+    """Whether backward() works on ``privateuseone:0`` in this process (needs register())."""
+    from dmlshim.emulator import _backend
+
+    if not state.registered:
+        return False
+    return _backend.autograd_ready()
 
 
 def is_registered() -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from typing import Any, Optional
 
 import torch
@@ -28,6 +29,7 @@ from dmlshim.emulator._tensor import EmuTensor, check_float64, sync_metadata, wr
 _CPU = torch.device("cpu")
 _lib: Optional[Any] = None
 _cpp_guard: Optional[Any] = None
+_guard_kind = ""
 _installed = False
 
 
@@ -184,24 +186,31 @@ def _build_cpp_guard() -> Any:
 
 
 def _install_python_guard() -> bool:
-    """PyTorch's private Python device guard and hooks (torch >= 2.5); False if missing."""
-    acc = getattr(torch._C, "_acc", None)
+    """PyTorch's private Python device guard (torch >= 2.5); False if this torch lacks it."""
     try:
-        from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
+        from torch.utils.backend_registration import _DummyDeviceGuard
 
-        register_hook = acc.register_python_privateuseone_hook
-        register_guard = acc.register_python_privateuseone_device_guard
+        register_guard = torch._C._acc.register_python_privateuseone_device_guard
     except (AttributeError, ImportError):
         return False
-    # What torch.utils.backend_registration._setup_privateuseone_for_python_backend does,
+    register_guard(_DummyDeviceGuard())
+    return True
+
+
+def _install_python_hooks() -> None:
+    # The rest of torch.utils.backend_registration._setup_privateuseone_for_python_backend,
     # minus generate_methods_for_privateuse1_backend (torch-directml adds no Tensor/Module
     # methods). The "rename" keeps the name: it only marks the PrivateUse1 backend as
     # registered, without which torch >= 2.5 finds no accelerator and backward() fails
     # ("Cannot access accelerator device when none is available").
+    try:
+        from torch.utils.backend_registration import _DummyPrivateUse1Hook
+
+        register_hook = torch._C._acc.register_python_privateuseone_hook
+    except (AttributeError, ImportError):
+        return
     torch._C._rename_privateuse1_backend("privateuseone")
     register_hook(_DummyPrivateUse1Hook())
-    register_guard(_DummyDeviceGuard())
-    return True
 
 
 def _allow_foreach() -> None:
@@ -217,9 +226,48 @@ def _allow_foreach() -> None:
             pass
 
 
+def install_device_guard(cpp: Optional[bool] = None) -> str:
+    """Register the PrivateUse1 device guard only (once); return "cpp" or "python".
+
+    ``cpp=None``: the C++ guard on torch < 2.5 (or a torch without the Python hooks), else
+    PyTorch's Python one, which reports a single device, so that backward() works on
+    ``privateuseone:0`` only. ``cpp=True`` builds the C++ guard on any torch (8 devices).
+    """
+    global _cpp_guard, _guard_kind
+    if _guard_kind:
+        return _guard_kind
+    if "torch_directml" in sys.modules:
+        raise EmulatorError("dmlshim emulator: torch_directml is imported; it has its own device "
+                            "guard, the emulator's must not replace it")
+    if cpp or _torch_version() < (2, 5) or not _install_python_guard():
+        _cpp_guard = _build_cpp_guard()
+        _guard_kind = "cpp"
+    else:
+        _guard_kind = "python"
+    return _guard_kind
+
+
+def autograd_ready() -> bool:
+    """Whether backward() works on ``privateuseone:0`` in this process.
+
+    The autograd engine sizes its per-device queues once, at the first backward() of the
+    process, from the device guards registered then; a process that ran a backward before the
+    emulator's guard existed can never run one on the emulated device.
+    """
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            x = wrap(torch.ones(1), 0).requires_grad_()
+            (x * 2).sum().backward()
+    except RuntimeError as err:
+        if "device_ready_queues_" in str(err):
+            return False
+        raise
+    return True
+
+
 def install() -> None:
     """Hook the emulator into PyTorch (once per process)."""
-    global _lib, _cpp_guard, _installed
+    global _lib, _installed
     if _installed:
         if _cpp_guard is not None:
             _cpp_guard.set_device_count(state.count)
@@ -235,11 +283,10 @@ def install() -> None:
             f"dmlshim emulator: another PrivateUse1 backend module is registered "
             f"({torch.privateuseone!r}); the emulator cannot register beside it"
         )
-    # torch < 2.5 has no Python device guard; a torch without the private hooks gets the
-    # C++ one too.
-    if _torch_version() < (2, 5) or not _install_python_guard():
-        _cpp_guard = _build_cpp_guard()
+    install_device_guard()
+    if _cpp_guard is not None:
         _cpp_guard.set_device_count(state.count)
+    _install_python_hooks()
     torch._register_device_module("privateuseone", DeviceModule)
     _lib = torch.library.Library("aten", "IMPL")  # kept alive for the process
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")

@@ -1,10 +1,14 @@
-// A DeviceGuardImplInterface for PrivateUse1, built only on torch < 2.5.
+// A DeviceGuardImplInterface for PrivateUse1, built on torch < 2.5 (or on request).
 //
 // torch 2.4 (what torch-directml 0.2.5 pins) has no Python-level device guard, and the
 // autograd engine aborts in backward() with "PyTorch is not linked with support for
 // privateuseone devices" unless a C++ guard is registered for the device type. The emulator
 // keeps its data on the CPU, so there are no streams or events: this guard only tracks the
-// current device index (per thread, like CUDA) and reports the number of emulated adapters.
+// current device index (per thread, like CUDA) and reports a device count.
+//
+// The count is read once, when the autograd engine starts its device threads (the first
+// backward() of the process): it sizes the engine's per-device queues for good. So it is a
+// capacity (at least kMinDevices), not the number of adapters registered at the time.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 
@@ -12,7 +16,8 @@
 
 namespace {
 
-std::atomic<c10::DeviceIndex> g_device_count{1};
+constexpr c10::DeviceIndex kMinDevices = 8;
+std::atomic<c10::DeviceIndex> g_device_count{kMinDevices};
 thread_local c10::DeviceIndex t_current_device = 0;
 
 struct EmulatorGuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -75,7 +80,8 @@ struct EmulatorGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 C10_REGISTER_GUARD_IMPL(PrivateUse1, EmulatorGuardImpl);
 
 void set_device_count(int64_t count) {
-  g_device_count.store(static_cast<c10::DeviceIndex>(count));
+  auto n = static_cast<c10::DeviceIndex>(count);
+  g_device_count.store(n > kMinDevices ? n : kMinDevices);
 }
 
 int64_t current_device() {
@@ -87,7 +93,7 @@ void set_current_device(int64_t index) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("set_device_count", &set_device_count, "number of emulated adapters");
+  m.def("set_device_count", &set_device_count, "adapters to cover (at least 8)");
   m.def("current_device", &current_device, "current adapter index of this thread");
   m.def("set_current_device", &set_current_device, "set this thread's current adapter");
 }

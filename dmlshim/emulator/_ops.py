@@ -1,7 +1,8 @@
 """Operators the emulator implements itself: device transfers, and the opt-in DirectML bugs.
 
 Device transfers cannot simply run on the CPU elems (one side is a plain CPU tensor, or the
-target adapter differs). The bugs reproduce torch-directml 0.2.5's wrong results when their
+target adapter differs; ``_copy_from``, reached with the Python key excluded, is a PrivateUse1
+kernel in ``_backend.py``). The bugs reproduce torch-directml 0.2.5's wrong results when their
 switch is on, so that dmlshim's guards can be tested against them:
 
 * ``bug-ce-none`` (#739, #740): ``cross_entropy(reduction="none")`` gives zero gradients. The
@@ -25,7 +26,6 @@ from dmlshim.emulator._tensor import (
     check_float64,
     finish,
     run_on_cpu,
-    sync_metadata,
     unwrap,
     wrap,
 )
@@ -41,18 +41,6 @@ def _copy_(func, plan, args, kwargs):
         dst._elem.copy_(src._elem if type(src) is EmuTensor else src, non_blocking)
     else:
         dst.copy_(src._elem, non_blocking)
-    return dst
-
-
-def _copy_from(func, plan, args, kwargs):
-    src, dst = args[0], args[1]
-    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    if func.name() == "aten::_copy_from_and_resize":
-        target = dst._elem if type(dst) is EmuTensor else dst
-        target.resize_(src.shape)
-        if type(dst) is EmuTensor:
-            sync_metadata(dst)
-    _copy_(func, plan, (dst, src, non_blocking), {})
     return dst
 
 
@@ -73,12 +61,6 @@ def _to_copy(func, plan, args, kwargs):
             check_float64(dtype)
         return wrap(func(elem, **kwargs), index)
     return func(elem, device=device, **kwargs)
-
-
-def _set_source_tensor(func, plan, args, kwargs):
-    out = run_on_cpu(func, plan, args, kwargs)
-    sync_metadata(args[0])
-    return out
 
 
 def _convolution_overrideable(func, plan, args, kwargs):
@@ -134,10 +116,7 @@ def _bn_stats_bug(func, plan, args, kwargs):
 
 SPECIALS.update({
     "aten::copy_": _copy_,
-    "aten::_copy_from": _copy_from,
-    "aten::_copy_from_and_resize": _copy_from,
     "aten::_to_copy": _to_copy,
-    "aten::set_.source_Tensor": _set_source_tensor,
     "aten::convolution_overrideable": _convolution_overrideable,
     "aten::convolution_backward_overrideable": _convolution_overrideable,
 })
