@@ -140,6 +140,23 @@ def run_module(module: str, args: List[str]) -> None:
         raise
 
 
+def _reexec_for_directml(cfg: config.Config, argv: List[str]) -> None:
+    """On Linux, restart with torch_directml's folder on LD_LIBRARY_PATH when DirectML will be
+    used: the loader reads that variable only at process start (see target.py)."""
+    if not (cfg.device == "auto" or cfg.device.startswith("dml")):
+        return
+    from dmlshim import target
+
+    pkg = target.directml_library_path_missing()
+    if pkg is None or not target.probe_directml().usable:  # the probe is cached for the child
+        return
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (pkg, env.get("LD_LIBRARY_PATH")) if p)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "dmlshim", *argv], env)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -162,6 +179,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not cfg.disabled:
         from dmlshim import api
         from dmlshim.target import TargetError
+
+        _reexec_for_directml(cfg, argv)
 
         # children (DataLoader workers, subprocesses) inherit the same options
         os.environ.update(cfg.as_env())

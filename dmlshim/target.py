@@ -8,8 +8,6 @@ and caches the answer for the process and, through an environment variable, for 
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import importlib.util
 import json
 import logging
@@ -188,18 +186,27 @@ def _probe_in_subprocess() -> DirectMLProbe:
     return DirectMLProbe(False, f"torch_directml probe {why}")
 
 
-def import_torch_directml():
-    """Import torch_directml in this process (only after a successful probe).
+def directml_library_path_missing() -> Optional[str]:
+    """On Linux, the folder LD_LIBRARY_PATH must hold for torch_directml to import, if absent.
 
-    On Linux the wheel's libdirectml.so needs its stub libd3d12.so/libdxcore.so, which the loader
-    finds only through LD_LIBRARY_PATH read at process start; preloading them by absolute path
-    with RTLD_GLOBAL makes the import work without restarting the process.
+    The wheel's native module needs libd3d12.so, which has no SONAME, so preloading it by path
+    does not satisfy the loader: only LD_LIBRARY_PATH, read at process start, does.
     """
     pkg = directml_package_dir()
-    if pkg and sys.platform.startswith("linux"):
-        for name in ("libdxcore.so", "libd3d12.so", "libdirectml.so"):
-            for path in glob.glob(os.path.join(pkg, name)):
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    if not pkg or not sys.platform.startswith("linux"):
+        return None
+    entries = os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+    return None if any(os.path.realpath(e) == os.path.realpath(pkg) for e in entries if e) else pkg
+
+
+def import_torch_directml():
+    """Import torch_directml in this process (only after a successful probe)."""
+    missing = directml_library_path_missing()
+    if missing is not None:
+        raise TargetError(
+            f"dmlshim: torch_directml needs its folder on LD_LIBRARY_PATH on Linux; run "
+            f"LD_LIBRARY_PATH={missing}:$LD_LIBRARY_PATH python -m dmlshim ... (the runner "
+            f"does this by itself)")
     import torch_directml  # noqa: PLC0415
 
     return torch_directml
