@@ -37,7 +37,16 @@ def _index(device) -> int:
     return devicemap.current_index() if idx is None else idx  # type: ignore[return-value]
 
 
+_RSS_GRAIN = 4 * 2**20
+
+
 def _rss_bytes() -> int:
+    """Resident memory, rounded down to 4 MiB: the pages a print or a small Python object adds
+    between two calls would otherwise make "peak after reset" exceed the previous peak."""
+    return _rss_exact() // _RSS_GRAIN * _RSS_GRAIN
+
+
+def _rss_exact() -> int:
     try:
         with open("/proc/self/statm", encoding="ascii") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

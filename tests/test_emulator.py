@@ -29,7 +29,10 @@ F64 = "The GPU device does not support Double (Float64) operations!"
 # The autograd engine sizes its device queues at the first backward() of the process: install
 # the emulator's device guard while tests are collected, before any test (of any file) runs one.
 if "torch_directml" not in sys.modules:
-    emulator.install_device_guard()
+    try:
+        emulator.install_device_guard()
+    except emulator.EmulatorError:  # e.g. no compiler on torch < 2.5: the fixture reports it
+        pass
 
 
 @pytest.fixture
@@ -499,9 +502,9 @@ def test_memory_counters(emu):
     emu.synchronize(1)
 
 
-def test_register_refused_beside_torch_directml_and_late_registration_warns():
+def test_register_refused_beside_torch_directml_and_late_registration():
     code = textwrap.dedent("""
-        import sys, types, warnings
+        import sys, types
         import torch
         sys.modules["torch_directml"] = types.ModuleType("torch_directml")
         from dmlshim import emulator
@@ -512,10 +515,7 @@ def test_register_refused_beside_torch_directml_and_late_registration_warns():
         print("registered:", emulator.is_registered())
         del sys.modules["torch_directml"]
         torch.ones(1, requires_grad=True).sum().backward()  # the engine starts without it
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            emulator.register()
-        print("warned:", [str(w.message)[:80] for w in caught])
+        emulator.register()
         print("autograd:", emulator.autograd_ready())
     """)
     env = dict(os.environ, DMLSHIM_DISABLE="1", PYTHONPATH=str(ROOT))
@@ -524,5 +524,4 @@ def test_register_refused_beside_torch_directml_and_late_registration_warns():
     assert proc.returncode == 0, proc.stderr
     assert "refused: dmlshim emulator: torch_directml is already imported" in proc.stdout
     assert "registered: False" in proc.stdout
-    assert "warned: ['dmlshim emulator: backward() cannot run on the emulated device" in proc.stdout
     assert "autograd: False" in proc.stdout

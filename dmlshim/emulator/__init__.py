@@ -62,7 +62,7 @@ emulated tensors are saved as CPU data plus the device string.
 Autograd needs a PrivateUse1 device guard, and PyTorch's autograd engine sizes its device
 queues once, at the first backward() of the process: register the emulator (or call
 :func:`install_device_guard`) before any backward() runs, else backward() on the device fails
-(``register()`` then warns; :func:`autograd_ready` tells). torch < 2.5 has no Python guard: a
+with an INTERNAL ASSERT about ``device_ready_queues_`` (:func:`autograd_ready` tells). torch < 2.5 has no Python guard: a
 small C++ one (``_guard.cpp``) is built once with ``torch.utils.cpp_extension`` (g++ and ninja;
 cached in the torch extensions directory, ``TORCH_EXTENSIONS_DIR``). On newer torch PyTorch's
 private Python guard is used; it reports one device, so backward() works on
@@ -80,7 +80,6 @@ through their out= kernel, as in PyTorch.
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
@@ -133,17 +132,9 @@ def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
     from dmlshim.emulator import _backend
 
     apply_switches(names)
-    first = not state.registered
     _backend.install()
     state.registered = True
     _sync_registrations()
-    if first and not _backend.autograd_ready():
-        warnings.warn(
-            "dmlshim emulator: backward() cannot run on the emulated device in this process: "
-            "the autograd engine started (a backward() ran) before the emulator's device guard "
-            "was installed, and it sizes its device queues only once. Call "
-            "dmlshim.emulator.install_device_guard() (or register()) before the first "
-            "backward().", RuntimeWarning, stacklevel=2)
 
 
 def install_device_guard(cpp: Optional[bool] = None) -> str:
@@ -166,7 +157,13 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
 
 
 def autograd_ready() -> bool:
-    """Whether backward() works on ``privateuseone:0`` in this process (needs register())."""
+    """Whether backward() works on ``privateuseone:0`` in this process (needs register()).
+
+    Runs a one-element backward(). Not called by ``register()``: a backward() in the middle of
+    an import (``import dmlshim`` installs the shim) can deadlock, because the engine runs the
+    emulated device's backward in its device thread, which may need an import lock the
+    importing thread holds.
+    """
     from dmlshim.emulator import _backend
 
     if not state.registered:

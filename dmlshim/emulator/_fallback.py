@@ -4,8 +4,9 @@ How the emulator decides (``_policy.py``) mirrors PyTorch's dispatcher with torc
 0.2.5 loaded: an operator runs "on the device" when torch-directml 0.2.5 registers a
 PrivateUse1 kernel for it (``_dml_ops.DML_KERNELS_0_2_5``, read from the real package) or for
 its out= variant (structured operators: the functional and in-place forms route through the
-out= kernel), decomposes when PyTorch has a CompositeExplicitAutograd kernel for it, and
-otherwise lands in the boxed CPU fallback, which counts and warns here.
+out= kernel), decomposes when PyTorch has a composite kernel for it, and otherwise lands in
+the boxed CPU fallback, which counts and warns here. (The same rule holds for every operator,
+reported or not: e.g. ``aten::std.correction`` and ``aten::isneginf.out`` fall back too.)
 
 REPORTED_FALLBACKS lists the operators users reported in microsoft/DirectML issues, with
 what the emulator does for each on torch-directml 0.2.5. Several reports are from older
