@@ -102,8 +102,10 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
             return tgt
         if tgt.kind == "emulated-dml":
             from dmlshim import emulator
+            from dmlshim.emulator import _compat
 
             emulator.register(tgt.count, cfg.emulator_switches())
+            _compat.fix_parameter_instancecheck()
         elif tgt.kind == "dml":
             target.import_torch_directml()
         devicemap.activate(tgt)

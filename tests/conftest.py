@@ -8,7 +8,18 @@ import os
 
 os.environ["DMLSHIM_DISABLE"] = "1"
 
+import sys  # noqa: E402
+
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    # PyTorch's autograd engine sizes its per-device queues at the first backward() of the
+    # process: the emulated device's guard must exist before any CPU test runs backward().
+    if "torch_directml" not in sys.modules:
+        from dmlshim import emulator
+
+        emulator.install_device_guard()
 
 
 @pytest.fixture
