@@ -19,18 +19,8 @@ import torch
 Tensor = torch.Tensor
 
 
-def fused_lstm_cell(input_gates: Tensor, hidden_gates: Tensor, cx: Tensor,
-                    input_bias: Optional[Tensor] = None,
-                    hidden_bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    gates = input_gates + hidden_gates
-    if input_bias is not None:
-        gates = gates + input_bias + hidden_bias
-    i, f, g, o = gates.chunk(4, 1)
-    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-    cy = f * cx + i * g
-    hy = o * cy.tanh()
-    workspace = torch.cat([i, f, g, o], 1)  # activated gates, kept for the backward
-    return hy, cy, workspace
+# The same formula dmlshim registers for real DirectML (one definition: dmlshim.decompositions).
+from dmlshim.decompositions.rnn import fused_lstm_cell  # noqa: E402
 
 
 def fused_lstm_cell_backward_impl(grad_hy: Optional[Tensor], grad_cy: Optional[Tensor],

@@ -167,23 +167,18 @@ class DevicesPatch(Patch):
 
     # -- with torch.device("cuda"): / torch.set_default_device("cuda") ---------------------
     def _install_default_device(self) -> None:
-        def context_init(wrapped, instance, args, kwargs):
-            dev = args[0] if args else kwargs.get("device")
-            new = map_device(dev, int_is_cuda=True) if dev is not None else dev
-            if new is not dev:
-                events.redirected("torch.device context", dev, new)
-            return wrapped(new)
+        def first_arg_device(api: str):
+            def wrapper(wrapped, instance, args, kwargs):
+                dev = args[0] if args else kwargs.get("device")
+                new = map_device(dev, int_is_cuda=True) if dev is not None else dev
+                if new is not dev:
+                    events.redirected(api, dev, new)
+                return wrapped(new)
 
-        self.wrap(_torch_device.DeviceContext, "__init__", context_init)
+            return wrapper
 
-        def set_default_device(wrapped, instance, args, kwargs):
-            dev = args[0] if args else kwargs.get("device")
-            new = map_device(dev, int_is_cuda=True) if dev is not None else dev
-            if new is not dev:
-                events.redirected("torch.set_default_device", dev, new)
-            return wrapped(new)
-
-        self.wrap(torch, "set_default_device", set_default_device)
+        self.wrap(_torch_device.DeviceContext, "__init__", first_arg_device("torch.device context"))
+        self.wrap(torch, "set_default_device", first_arg_device("torch.set_default_device"))
 
     # -- pin_memory ------------------------------------------------------------------------
     def _install_pin_memory(self, target) -> None:
