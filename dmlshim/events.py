@@ -71,8 +71,16 @@ class CallSite:
 
 def configure(trace: bool) -> None:
     """Turn call-site recording on (info/debug logging, or a report) or off."""
-    global _trace, _SKIP_PREFIXES
+    global _trace
     _trace = trace
+    configure_prefixes()
+
+
+def configure_prefixes() -> None:
+    """Frames under these folders are dmlshim's, torch's or wrapt's, never the user's."""
+    global _SKIP_PREFIXES
+    if len(_SKIP_PREFIXES) > 1:
+        return
     import torch
     import wrapt
 
@@ -233,11 +241,20 @@ def has_activity() -> bool:
     return bool(api_counts or notes or cpu_fallbacks or _attention)
 
 
-def warn_once_per_site(message: str, category: type = UserWarning, stacklevel: int = 3) -> None:
-    """warnings.warn at the user's call site (Python's registry then shows it once per site)."""
+def warn_at_user_site(message: str, category: type = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first frame outside dmlshim, torch and wrapt.
+
+    Python's warning registry then shows each message once per user call site.
+    """
     import warnings
 
-    warnings.warn(message, category, stacklevel=stacklevel)
+    configure_prefixes()
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIP_PREFIXES + ("<frozen",)):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def last_user_frame_info() -> Optional[Tuple[str, int]]:

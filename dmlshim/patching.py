@@ -128,7 +128,14 @@ class Patch:
         return original
 
     def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
-        """Wrap ``owner.name`` with a wrapt ``FunctionWrapper``: ``wrapper(wrapped, instance, args, kwargs)``."""
+        """Wrap ``owner.name`` with a wrapt ``FunctionWrapper``: ``wrapper(wrapped, instance, args, kwargs)``.
+
+        When another patch already wraps the attribute (a dtype check on top of the device
+        rewrite, say), the new wrapper goes around that one and this patch's uninstall puts
+        back exactly the object it found; the registry keeps the one true original.
+        """
+        if is_patched(owner, name):
+            return self._wrap_layer(owner, name, wrapper)
         original = getattr(owner, name)
         if isinstance(owner, type):
             # Look the attribute up raw so staticmethod/classmethod/descriptors wrap correctly.
@@ -143,6 +150,23 @@ class Patch:
             wrapped = wrapt.FunctionWrapper(original, wrapper)
         self.replace(owner, name, wrapped)
         return original
+
+    def _wrap_layer(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
+        found = vars(owner).get(name, _MISSING)
+        current = found if found is not _MISSING else getattr(owner, name)
+        layered = wrapt.FunctionWrapper(current, wrapper)
+        setattr(owner, name, layered)
+
+        def restore() -> None:
+            if vars(owner).get(name, _MISSING) is not layered:
+                log.debug("dmlshim: %r.%s changed under %s; left as it is", owner, name, self.name)
+            elif found is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, found)
+
+        self.on_undo(restore)
+        return get_original(owner, name)
 
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` at uninstall (for state that is not an attribute, e.g. a registered hook)."""

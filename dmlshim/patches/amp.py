@@ -19,10 +19,7 @@ per op.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import sys
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
@@ -46,28 +43,6 @@ STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_g
 
 
 # -- warnings at the user's line ------------------------------------------------------------
-
-@functools.cache
-def _internal_dirs() -> Tuple[str, ...]:
-    import wrapt
-
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return (pkg, os.path.dirname(torch.__file__), os.path.dirname(wrapt.__file__), "<frozen")
-
-
-def warn_at_user_site(message: str, category: type = UserWarning) -> None:
-    """``warnings.warn`` attributed to the first frame outside dmlshim, torch and wrapt.
-
-    Python's warning registry then shows each message once per user call site.
-    """
-    skip = _internal_dirs()
-    frame = sys._getframe(1)
-    level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(skip):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    warnings.warn(message, category, stacklevel=level)
-
 
 # -- what "cuda" autocast becomes on this target ---------------------------------------------
 
@@ -179,7 +154,7 @@ class AmpPatch(Patch):
                 why = f"{dtype} autocast is not available on {plan.device_type}"
             else:
                 why = plan.why_not
-            warn_at_user_site(f"dmlshim: CUDA autocast requested but {why}; this region runs "
+            events.warn_at_user_site(f"dmlshim: CUDA autocast requested but {why}; this region runs "
                               "in float32 (DMLSHIM_AMP=fp16)")
         # float32: build the region disabled, as torch would on CUDA with enabled=False
         bound["enabled"] = False

@@ -16,21 +16,19 @@ numpy array, ``torch.tensor(np_array)``, ``dtype=torch.float64`` in a loss or me
   dtype=torch.float64)``) are not rewritten: that would need a wrapper on every op.
 
 Nothing is installed when no adapter lacks float64 or the option is ``keep``. The wrappers sit
-on top of the device patch's wrappers of the same entry points (:func:`wrap_layered`).
+on top of the device patch's wrappers of the same entry points (``Patch.wrap`` layers them).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
-import wrapt
 
 from dmlshim import devicemap, events
-from dmlshim.patches.amp import warn_at_user_site
 from dmlshim.patches.devices import TENSOR_NEW_METHODS, factory_names
-from dmlshim.patching import Patch, is_patched
+from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
 
@@ -39,36 +37,6 @@ F32 = torch.float32
 _MISSING = object()
 # Factories whose result dtype comes from their data, not from dtype= or the default dtype.
 _INFERRING = ("tensor", "as_tensor", "asarray")
-
-
-def wrap_layered(patch: Patch, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
-    """``patch.wrap(owner, name, wrapper)``, or, when another patch already wraps that attribute,
-    a wrapper around that patch's wrapper, removed again at ``patch.uninstall()``.
-
-    The registry keeps one original per attribute; a second area's check on the same entry
-    point (a dtype check on top of the device rewrite) layers on top and restores exactly the
-    object it found.
-    """
-    if not is_patched(owner, name):
-        patch.wrap(owner, name, wrapper)
-        return
-    own = vars(owner).get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name)
-    current = own if own is not _MISSING else getattr(owner, name)
-    layered = wrapt.FunctionWrapper(current, wrapper)
-    setattr(owner, name, layered)
-
-    def restore() -> None:
-        present = vars(owner).get(name, _MISSING) if isinstance(owner, type) \
-            else getattr(owner, name, _MISSING)
-        if present is not layered:
-            log.debug("dmlshim: %r.%s changed under %s; left as it is", owner, name, patch.name)
-            return
-        if own is _MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, own)
-
-    patch.on_undo(restore)
 
 
 def adapters_without_float64(target: Any, config: Any) -> frozenset:
@@ -144,16 +112,16 @@ class Float64Patch(Patch):
             _downcast_note("Tensor.double")
             return instance.to(F32, copy=True, **kwargs)
 
-        wrap_layered(self, torch.Tensor, "to", tensor_to)
-        wrap_layered(self, torch.Tensor, "cuda", tensor_cuda)
-        wrap_layered(self, torch.Tensor, "double", tensor_double)
+        self.wrap(torch.Tensor, "to", tensor_to)
+        self.wrap(torch.Tensor, "cuda", tensor_cuda)
+        self.wrap(torch.Tensor, "double", tensor_double)
 
         # -- factories ---------------------------------------------------------------------
         for name in factory_names():
-            wrap_layered(self, torch, name, self._factory(name))
+            self.wrap(torch, name, self._factory(name))
         for name in TENSOR_NEW_METHODS:
             if hasattr(torch.Tensor, name):
-                wrap_layered(self, torch.Tensor, name, self._new_method("Tensor." + name))
+                self.wrap(torch.Tensor, name, self._new_method("Tensor." + name))
 
     def _factory(self, name: str):
         api = "torch." + name
@@ -234,7 +202,7 @@ class Float64Patch(Patch):
 
 def _downcast_note(api: str) -> None:
     events.redirected(api, "float64", "float32", tag="emulated")
-    warn_at_user_site(f"dmlshim: {api}: float64 tensor made float32 on the DirectML device, "
+    events.warn_at_user_site(f"dmlshim: {api}: float64 tensor made float32 on the DirectML device, "
                       "which has no float64 (DMLSHIM_FLOAT64=float32)")
 
 

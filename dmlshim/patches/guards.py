@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from dmlshim import events
-from dmlshim.patches.float64 import wrap_layered
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
@@ -108,11 +107,11 @@ class GuardsPatch(Patch):
         for name in active:
             log.info("guard %s on (%s)", name, GUARDS[name][1])
         if "ce_none" in active:
-            wrap_layered(self, F, "cross_entropy", _ce_guard(device_type))
+            self.wrap(F, "cross_entropy", _ce_guard(device_type))
         if "mul_bool" in active:
-            wrap_layered(self, torch.Tensor, "__imul__", _imul_guard(device_type))
+            self.wrap(torch.Tensor, "__imul__", _imul_guard(device_type))
         if "bn_stats" in active:
-            wrap_layered(self, F, "batch_norm", _bn_guard(device_type))
+            self.wrap(F, "batch_norm", _bn_guard(device_type))
 
 
 def _ce_guard(device_type: str):
