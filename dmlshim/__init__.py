@@ -1,62 +1,51 @@
 """dmlshim: run unmodified CUDA PyTorch scripts on DirectML (torch-directml) or the CPU.
 
 ``import dmlshim`` at the top of a script installs every patch with the options from the
-environment (``DMLSHIM_*``); ``DMLSHIM_DISABLE=1`` makes the import a no-op. ``python -m dmlshim``
-does the same for a script it runs. See README.md.
+environment (``DMLSHIM_*``); ``DMLSHIM_DISABLE=1`` makes the import a no-op. See README.md.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 __version__ = "0.1.0"
 
-from dmlshim.api import current_target, get_original, install, is_installed, uninstall  # noqa: E402
-
 __all__ = ["install", "uninstall", "is_installed", "get_original", "current_target", "__version__"]
 
+_API = ("install", "uninstall", "is_installed", "get_original", "current_target")
 
-def _started_as_runner() -> bool:
-    """True while `python -m dmlshim` imports this package, before its __main__ runs.
 
-    The runner installs with the CLI options itself. `import dmlshim` inside another
-    `python -m pkg` must still install, so look at the interpreter's own command line.
+def __getattr__(name: str) -> Any:
+    # The API lives in dmlshim.api, which imports torch: `python -m dmlshim` must not.
+    if name in _API:
+        from dmlshim import api
+
+        value = getattr(api, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dmlshim' has no attribute {name!r}")
+
+
+def _imported_by_runpy_for_runner() -> bool:
+    """True while ``python -m dmlshim`` imports this package to find dmlshim/__main__.py.
+
+    runpy imports a package before running its ``__main__``; the runner only validates the
+    options and replaces itself with the interpreter, so nothing is installed in it. The frame
+    that asks is runpy's own, with the module name it was given (exact, no argv parsing).
     """
-    orig = getattr(sys, "orig_argv", None)  # Python >= 3.10
-    if orig is None:
-        return sys.argv[:1] == ["-m"]
-    args = iter(orig[1:])
-    for arg in args:
-        if arg == "-m":
-            return next(args, "") in ("dmlshim", "dmlshim.__main__")
-        if arg.startswith("-m"):
-            return arg[2:] in ("dmlshim", "dmlshim.__main__")
-        if arg in ("-W", "-X", "-Q"):
-            next(args, None)
-            continue
-        if not arg.startswith("-") or arg == "-c":
-            return False
+    if sys.argv[:1] != ["-m"]:  # python sets argv[0] to "-m" until the module is found
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_get_module_details" \
+                and frame.f_globals.get("__name__") == "runpy":
+            return frame.f_locals.get("mod_name") in ("dmlshim.__main__", "dmlshim")
+        frame = frame.f_back  # type: ignore[assignment]
     return False
 
 
-def _autoinstall() -> None:
-    if _started_as_runner():
-        return
-    from dmlshim import config
+if not _imported_by_runpy_for_runner():
+    from dmlshim import launch as _launch
 
-    try:
-        cfg = config.load()
-    except config.ConfigError as err:
-        config.exit_on_error(err)
-    if cfg.disabled:
-        return
-    from dmlshim.target import TargetError
-
-    try:
-        install(_config=cfg)
-    except TargetError as err:
-        print(str(err), file=sys.stderr)
-        raise SystemExit(2)
-
-
-_autoinstall()
+    _launch.launch()

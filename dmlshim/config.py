@@ -59,6 +59,16 @@ def _one_of(*choices: str) -> Callable[[str], bool]:
 
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|dml(:\d+)?|emulated-dml(:[1-9]\d*)?)$")
+# torch keeps a device index in 8 signed bits (torch.device("cuda:150").index == -106): adapter
+# indices stay below 128, so dml:N names N <= 127 and emulated-dml:N counts N <= 127 adapters.
+MAX_DEVICE_INDEX = 127
+
+
+def _device(value: str) -> bool:
+    if not _DEVICE_RE.match(value):
+        return False
+    _, _, number = value.partition(":")
+    return not number or int(number) <= MAX_DEVICE_INDEX
 
 
 def _gap_list(value: str) -> bool:
@@ -73,9 +83,11 @@ def _keep(value: str) -> str:
 
 OPTIONS: Tuple[Option, ...] = (
     Option(
-        "device", "auto", "auto, dml, dml:N, cpu, cuda, emulated-dml, emulated-dml:N (N >= 1 adapters)",
+        "device", "auto",
+        "auto, dml, dml:N (N <= 127), cpu, cuda, emulated-dml, emulated-dml:N (1 <= N <= 127 "
+        "adapters)",
         "where CUDA work goes: auto picks DirectML, else stays inert on real CUDA, else the CPU",
-        lambda v: bool(_DEVICE_RE.match(v)),
+        _device,
     ),
     Option("disable", "0", "0, 1", "1 makes `import dmlshim` and the runner do nothing",
            _one_of("0", "1", "true", "false", "yes", "no", "on", "off"),
@@ -109,6 +121,33 @@ OPTIONS: Tuple[Option, ...] = (
            "write a JSON report of what the shim did to this path at exit",
            lambda v: True, normalize=_keep),
 )
+
+
+
+@dataclass(frozen=True)
+class Internal:
+    """A variable dmlshim sets for its own processes; not an option (no flag, never validated
+    by :func:`load`, not in ``--help``). Listed here so every ``DMLSHIM_*`` name has one home."""
+
+    name: str
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+INTERNAL: Tuple[Internal, ...] = (
+    Internal("bootstrap", "set by the runner and by a shimmed process for its children: turns "
+             "on dmlshim/bootstrap and records the variables to give back to the script "
+             "(dmlshim/childenv.py)"),
+    Internal("wrap_ordinals", '"1" in children of torch.multiprocessing.spawn/start_processes'),
+    Internal("probe_cache", "JSON of a finished DirectML probe, for children (target.py)"),
+    Internal("report_owner", '"<pid>:<absolute report path>" of the report\'s owner'),
+    Internal("runner_as_child", 'test only: "1" makes the runner start the interpreter as a '
+             "child, as it does on Windows, instead of replacing itself"),
+)
+INTERNAL_BY_NAME: Dict[str, Internal] = {v.name: v for v in INTERNAL}
 
 OPTIONS_BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 OPTIONS_BY_FLAG: Dict[str, Option] = {o.flag: o for o in OPTIONS}

@@ -1,90 +1,175 @@
-"""dmlshim's child-process bootstrap (the mechanism coverage.py and opentelemetry-instrument use).
+"""dmlshim's process bootstrap (the mechanism of coverage.py and opentelemetry-instrument).
 
-A shimmed process puts this directory first on ``PYTHONPATH`` and sets ``DMLSHIM_BOOTSTRAP=1``
-(dmlshim/patches/processes.py); every Python process it starts then runs this file at startup,
-through :mod:`site`. It installs nothing yet: it waits until the child imports ``torch`` and
-installs dmlshim then, with the options the parent exported as ``DMLSHIM_*`` variables. A child
-that never imports torch (``pip``, ``python -c "print(1)"``, a compiler wrapper) pays for one
-stat and one small import, nothing more.
+``python -m dmlshim`` and a shimmed process starting a child put this directory first on
+``PYTHONPATH`` and set ``DMLSHIM_BOOTSTRAP`` (see dmlshim/childenv.py); :mod:`site` then runs
+this file at startup. It
 
-Rules, in this order:
+* gives the script back the environment it would have had without dmlshim: ``PYTHONPATH`` and
+  every variable the marker lists are restored byte for byte (the values dmlshim set are kept
+  here, in :data:`inherited`, for the shim to read), and this directory leaves ``sys.path``;
+* puts a finder on ``sys.meta_path`` that waits for ``import torch`` and, once torch has
+  finished importing, imports dmlshim, which installs itself (dmlshim/launch.py). A child that
+  never imports torch pays for this file and nothing else;
+* runs the ``sitecustomize`` this one shadows (a distribution's or a virtualenv's), as site
+  would have.
 
-* ``DMLSHIM_DISABLE=1`` in the child's environment wins: nothing happens.
-* If the child imports ``dmlshim`` itself before torch (``python -m dmlshim`` does, and so does
-  a script starting with ``import dmlshim``), dmlshim is in charge and the hook does nothing.
-* A ``sitecustomize`` module that this one shadows (a distribution's or a virtualenv's) still
-  runs, after this one.
+``DMLSHIM_DISABLE=1`` in the environment the process starts with turns the hook off. If the
+script imports dmlshim itself before torch, dmlshim is in charge and the hook does nothing.
 
-This file must stay importable on any Python 3 without dmlshim's dependencies: a child may be
-another interpreter that merely inherited ``PYTHONPATH``; it then does nothing.
+It must stay importable on any Python 3 and import nothing that ``python -c pass`` does not
+load anyway (no wrapt, logging, threading, importlib.util, json, re): a child may be another
+interpreter that merely inherited ``PYTHONPATH``, or a tool that must patch those modules first.
 """
 
 import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SWITCH = "DMLSHIM_BOOTSTRAP"
+MARKER = "DMLSHIM_BOOTSTRAP"
+
+# The variables the marker listed, with the values the launching process gave them (None: it
+# removed the variable); dmlshim reads its options from here (dmlshim/launch.py).
+inherited = {}
+active = False  # whether this process started with the marker (and the hook on)
+
+
+def _unescape(text):
+    return text.replace("%3B", ";").replace("%3D", "=").replace("%25", "%")
+
+
+def _decode(field):
+    return None if field == "-" else _unescape(field[1:])
+
+
+def undo(environ, marker):
+    """Put back in ``environ`` what the marker says was changed; return the changed values.
+
+    A variable whose value is no longer the one the marker recorded was changed again by
+    whoever started this process: it keeps that value. The marker format is written by
+    dmlshim/childenv.py: ``1`` then ``;``-separated records, ``V<name>=<old>=<new>`` (a value
+    is ``-`` for unset or ``+`` and the escaped text), ``P<name>=<folder>=<+|->`` (``folder``
+    was put first on a path list that was set or unset before) and ``M=<old marker>``.
+    """
+    changed = {}
+    records = marker.split(";")[1:]
+    for record in records:
+        kind, rest = record[:1], record[1:]
+        parts = rest.split("=")
+        if kind == "V" and len(parts) == 3:
+            name, old, new = _unescape(parts[0]), _decode(parts[1]), _decode(parts[2])
+            current = environ.get(name)
+            changed[name] = current
+            if current == new:
+                if old is None:
+                    environ.pop(name, None)
+                else:
+                    environ[name] = old
+        elif kind == "P" and len(parts) == 3:
+            name, folder, was_set = _unescape(parts[0]), _unescape(parts[1]), parts[2] == "+"
+            current = environ.get(name)
+            changed[name] = current
+            if current is None:
+                continue
+            if current == folder and not was_set:
+                environ.pop(name, None)
+            elif current.startswith(folder + os.pathsep):
+                environ[name] = current[len(folder) + 1:]
+        elif kind == "M" and len(parts) == 2:
+            old = _decode(parts[1])
+            if environ.get(MARKER) == marker:
+                if old is None:
+                    environ.pop(MARKER, None)
+                else:
+                    environ[MARKER] = old
+    return changed
 
 
 def _truthy(value):
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _install_dmlshim(_torch_module=None):
-    """Post-import hook of ``torch``: install dmlshim from the environment, once."""
+def _install_dmlshim():
+    """Called once torch has finished importing: import dmlshim, which installs itself."""
     if "dmlshim" in sys.modules:
-        # dmlshim was imported first (the runner, or `import dmlshim` in the script): it installs
-        # with its own options, or is half-way through doing so right now.
+        # the script imported dmlshim first: it installs (or is installing right now) itself
         return
-    if _truthy(os.environ.get("DMLSHIM_DISABLE")):
+    # Import the dmlshim this bootstrap belongs to, wherever sys.path points.
+    from _frozen_importlib import module_from_spec
+    from _frozen_importlib_external import PathFinder
+
+    spec = PathFinder.find_spec("dmlshim", [os.path.dirname(os.path.dirname(_HERE))])
+    if spec is None or spec.loader is None:
         return
-    root = os.path.dirname(os.path.dirname(_HERE))  # the folder that holds the dmlshim package
-    added = False
+    module = module_from_spec(spec)
+    sys.modules["dmlshim"] = module
     try:
-        import importlib.util
+        spec.loader.exec_module(module)  # dmlshim/__init__.py installs (dmlshim/launch.py)
+    except BaseException:
+        sys.modules.pop("dmlshim", None)
+        raise
 
-        if importlib.util.find_spec("dmlshim") is None:
-            sys.path.insert(0, root)
-            added = True
-        import dmlshim  # installs from DMLSHIM_* unless sys.argv[0] == "-m" (see below)
-    finally:
-        if added:
-            # the package is loaded; its submodules are found through dmlshim.__path__
-            try:
-                sys.path.remove(root)
-            except ValueError:
-                pass
-    if not dmlshim.is_installed():
-        # `python -m pkg.mod` imports pkg (and maybe torch) while sys.argv[0] is still "-m",
-        # which dmlshim's import-time install takes for the runner starting. Install here.
-        from dmlshim import config
 
+class _AfterImport:
+    """Loader wrapper: runs the real loader, then ``callback``; the module keeps its loader."""
+
+    def __init__(self, loader, callback):
+        self.loader, self.callback = loader, callback
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.callback()
+
+
+class TorchImportHook:
+    """A ``sys.meta_path`` finder that runs :func:`_install_dmlshim` after ``import torch``."""
+
+    def __init__(self):
+        self._finding = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch" or self._finding:
+            return None
+        self._finding = True
         try:
-            cfg = config.load()
-        except config.ConfigError as err:
-            config.exit_on_error(err)
-        if not cfg.disabled:
-            dmlshim.install(_config=cfg)
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._finding = False
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _AfterImport(spec.loader, self._torch_imported)
+        return spec
 
-
-def _register_hook():
-    if "torch" in sys.modules:  # a chained sitecustomize or a .pth imported it already
+    def _torch_imported(self):
+        self.remove()
         _install_dmlshim()
-        return
-    try:
-        from wrapt import register_post_import_hook
-    except ImportError:
-        return  # not an interpreter dmlshim can run in
-    register_post_import_hook(_install_dmlshim, "torch")
+
+    def remove(self):
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 def _chain_shadowed_sitecustomize():
     """Run the ``sitecustomize`` this file hides, as :mod:`site` would have."""
     try:
-        from importlib.machinery import PathFinder
-        from importlib.util import module_from_spec
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import PathFinder
 
-        path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+        here = os.path.normcase(_HERE)
+        path = [p for p in sys.path if os.path.normcase(os.path.abspath(p or os.curdir)) != here]
         spec = PathFinder.find_spec("sitecustomize", path)
         if spec is None or spec.loader is None:
             return
@@ -97,17 +182,23 @@ def _chain_shadowed_sitecustomize():
 
 
 def _main():
-    # This directory is on sys.path only to be found at startup; the child's own sys.path
-    # should look as it would without dmlshim.
-    while _HERE in sys.path:
+    global active
+    marker = os.environ.get(MARKER)
+    if marker is not None and marker[:1] == "1":
+        inherited.update(undo(os.environ, marker))
+        disabled = inherited.get("DMLSHIM_DISABLE", os.environ.get("DMLSHIM_DISABLE"))
+        if not _truthy(disabled):
+            active = True
+            if "torch" in sys.modules:  # a .pth file imported it already
+                _install_dmlshim()
+            else:
+                sys.meta_path.insert(0, TorchImportHook())
+    # This directory is on sys.path only to be found at startup.
+    if _HERE in sys.path:
         sys.path.remove(_HERE)
-    if _truthy(os.environ.get(_SWITCH)) and not _truthy(os.environ.get("DMLSHIM_DISABLE")):
-        try:
-            _register_hook()
-        except Exception as err:  # never stop the child from starting
-            print(f"dmlshim: child-process bootstrap failed: {type(err).__name__}: {err}",
-                  file=sys.stderr)
+        sys.path_importer_cache.pop(_HERE, None)
     _chain_shadowed_sitecustomize()
 
 
-_main()
+if __name__ == "sitecustomize":
+    _main()

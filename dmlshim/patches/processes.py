@@ -1,11 +1,11 @@
 """Child processes carry the shim: DataLoader workers, multiprocessing, mp.spawn, subprocesses.
 
 * **spawn / forkserver / subprocess** children start a fresh interpreter. While the shim is
-  installed, ``os.environ`` holds the options in force (``DMLSHIM_*``), ``DMLSHIM_BOOTSTRAP=1``
-  and dmlshim/bootstrap first on ``PYTHONPATH``; the bootstrap's ``sitecustomize`` installs the
-  shim in the child when the child imports torch (the coverage.py / opentelemetry-instrument
-  mechanism). ``uninstall()`` puts those variables back, so processes started afterwards (or by
-  anything outside the shimmed tree) see the environment they would have seen without dmlshim.
+  installed, ``os.environ`` carries it (dmlshim/childenv.py: the options in force, the
+  bootstrap first on ``PYTHONPATH``, the ``DMLSHIM_BOOTSTRAP`` record); the child's bootstrap
+  gives the child's script its environment back and installs the shim when the child imports
+  torch. ``uninstall()`` puts the variables back byte for byte, so processes started afterwards
+  see the environment they would have seen without dmlshim.
 * **fork** children inherit the patched interpreter as it is; the only state to repair is a
   lock another thread might have held at the moment of the fork.
 * ``torch.multiprocessing.spawn``/``start_processes`` launch one process per "GPU" and the
@@ -24,13 +24,13 @@ import os
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.utils._pytree as pytree
 
 from dmlshim import devicemap, events
-from dmlshim.bootstrap import BOOTSTRAP_DIR, SWITCH_ENV
+from dmlshim.childenv import ChildEnvironment
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
@@ -39,63 +39,22 @@ log = logging.getLogger("dmlshim")
 WRAP_ORDINALS_ENV = "DMLSHIM_WRAP_ORDINALS"
 
 
-def _split_path(value: Optional[str]) -> List[str]:
-    return [p for p in (value or "").split(os.pathsep) if p]
-
-
-def child_environment(config) -> Dict[str, str]:
-    """The variables a child needs to carry the shim with ``config``'s options."""
+def child_environment(config, target=None) -> ChildEnvironment:
+    """What a child needs to carry the shim with ``config``'s options."""
     # DMLSHIM_REPORT too: the diagnostics patch makes children write report.<pid>.json.
-    env = dict(config.as_env())
+    values: Dict[str, Optional[str]] = dict(config.as_env())
     # This process is shimmed, so its children are too (install() may run with DISABLE=1 in the
     # environment: the test suite does). A program that sets DMLSHIM_DISABLE=1 again for a
-    # child still wins: the child's bootstrap checks it.
-    env["DMLSHIM_DISABLE"] = "0"
-    env[SWITCH_ENV] = "1"
-    return env
+    # child still wins: the child's bootstrap sees the value changed and keeps it.
+    values["DMLSHIM_DISABLE"] = "0"
+    prefixes: Dict[str, str] = {}
+    if target is not None and target.kind == "dml":
+        from dmlshim import target as targetmod
 
-
-class _EnvironmentExport:
-    """Set variables in ``os.environ`` and put back exactly what was there before.
-
-    A variable the program itself changed after the export is left as the program set it.
-    """
-
-    def __init__(self) -> None:
-        self._saved: Dict[str, Optional[str]] = {}
-        self._set: Dict[str, str] = {}
-        self._path_added = False
-
-    def apply(self, values: Dict[str, str]) -> None:
-        for key, value in values.items():
-            self._saved[key] = os.environ.get(key)
-            self._set[key] = value
-            os.environ[key] = value
-        entries = _split_path(os.environ.get("PYTHONPATH"))
-        if BOOTSTRAP_DIR not in entries:
-            os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + entries)
-            self._path_added = True
-
-    def restore(self) -> None:
-        for key, value in self._set.items():
-            if os.environ.get(key) != value:
-                continue  # changed by the program since: its value, not ours
-            old = self._saved[key]
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-        if self._path_added:
-            entries = _split_path(os.environ.get("PYTHONPATH"))
-            if BOOTSTRAP_DIR in entries:
-                entries.remove(BOOTSTRAP_DIR)
-            if entries:
-                os.environ["PYTHONPATH"] = os.pathsep.join(entries)
-            else:
-                os.environ.pop("PYTHONPATH", None)
-        self._saved.clear()
-        self._set.clear()
-        self._path_added = False
+        missing = targetmod.directml_library_path_missing()  # a child must import torch_directml
+        if missing is not None:
+            prefixes["LD_LIBRARY_PATH"] = missing
+    return ChildEnvironment(values, prefixes)
 
 
 # -- fork ---------------------------------------------------------------------------------
@@ -124,8 +83,8 @@ class ProcessesPatch(Patch):
         return target.redirects
 
     def _install(self, target, config) -> None:
-        export = _EnvironmentExport()
-        export.apply(child_environment(config))
+        export = child_environment(config, target)
+        export.apply()
         self.on_undo(export.restore)
         if os.environ.get(WRAP_ORDINALS_ENV) == "1":
             devicemap.set_wrap_ordinals(True)
