@@ -44,7 +44,7 @@ def test_install_exports_bootstrap_and_options_and_uninstall_restores_environ(sh
     before = dict(os.environ)
     shim(device="cpu", optimizer="reset", report="/tmp/parent-report.json")
     assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == BOOTSTRAP_DIR
-    assert os.environ["DMLSHIM_BOOTSTRAP"] == "1"
+    assert os.environ["DMLSHIM_BOOTSTRAP"].startswith("1;")  # on, with the record to undo
     assert os.environ["DMLSHIM_DEVICE"] == "cpu"
     assert os.environ["DMLSHIM_OPTIMIZER"] == "reset"
     assert os.environ["DMLSHIM_DISABLE"] == "0"  # the test process has DMLSHIM_DISABLE=1
