@@ -38,6 +38,8 @@ _lock = threading.RLock()
 _patches: Optional[PatchSet] = None
 _target: Optional[Target] = None
 _config_in_force: Optional[_config.Config] = None
+# torch.Generator as it was before install() routed it for the emulator (None: not routed by us)
+_generator_before: Optional[type] = None
 
 
 def _load_patches() -> PatchSet:
@@ -80,7 +82,7 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
     ``optimizer="rebind"``, ...); they override the environment. Calling install again with
     the same options does nothing; with other options it reinstalls.
     """
-    global _patches, _target, _config_in_force
+    global _patches, _target, _config_in_force, _generator_before
     from dmlshim import config as cfgmod
 
     with _lock:
@@ -101,10 +103,15 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
             log.info("%s", tgt.reason)
             return tgt
         if tgt.kind == "emulated-dml":
+            import torch
+
             from dmlshim import emulator
             from dmlshim.emulator import _compat
 
-            emulator.register(tgt.count, cfg.emulator_switches())
+            before = torch.Generator
+            emulator.register(tgt.count, cfg.emulator_switches())  # routes torch.Generator
+            if torch.Generator is not before:
+                _generator_before = before
             _compat.fix_parameter_instancecheck()
         elif tgt.kind == "dml":
             target.import_torch_directml()
@@ -132,8 +139,18 @@ def uninstall() -> None:
             _patches.uninstall()
         _patches = None
         _target = _config_in_force = None
+        _restore_generator()
         devicemap.deactivate()
         cfgmod.set_current(None)
+
+
+def _restore_generator() -> None:
+    global _generator_before
+    if _generator_before is not None:
+        import torch
+
+        torch.Generator = _generator_before  # type: ignore[misc]
+        _generator_before = None
 
 
 def is_installed() -> bool:

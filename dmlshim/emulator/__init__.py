@@ -129,10 +129,11 @@ def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
     names = parse_switches(switches)
     set_count(count)
     _memory.resize(count)
-    from dmlshim.emulator import _backend
+    from dmlshim.emulator import _backend, _generator
 
     apply_switches(names)
     _backend.install()
+    _generator.install()  # again after dmlshim.uninstall() gave torch.Generator back
     state.registered = True
     _sync_registrations()
 

@@ -61,6 +61,7 @@ ATTENTION_NOTES = {
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _active: Optional[DiagnosticsPatch] = None
 _fork_hook_registered = False
+_atexit_registered = False
 
 
 def child_report_path(path: str, pid: int) -> str:
@@ -76,6 +77,11 @@ def _after_fork_in_child() -> None:
         _active._reset_outcome()
         _active._started = time.time()
         _active._started_mono = time.monotonic()
+
+
+def _at_exit_of_active() -> None:
+    if _active is not None:
+        _active._at_exit()
 
 
 def _caller_file() -> str:
@@ -110,7 +116,7 @@ class DiagnosticsPatch(Patch):
     # -- install ----------------------------------------------------------------------------
 
     def _install(self, target, config) -> None:
-        global _active, _fork_hook_registered
+        global _active, _fork_hook_registered, _atexit_registered
         self._target, self._config = target, config
         self._started = time.time()
         self._started_mono = time.monotonic()
@@ -127,8 +133,11 @@ class DiagnosticsPatch(Patch):
             self.wrap(warnings, "showwarning", self._on_showwarning)
         self.wrap(sys, "excepthook", self._on_excepthook)
         self.wrap(sys, "exit", self._on_sys_exit)
-        atexit.register(self._at_exit)
-        self.on_undo(lambda: atexit.unregister(self._at_exit))
+        if not _atexit_registered:
+            # once per process: CPython's atexit.unregister leaves the slot behind, so a
+            # register/unregister per install() cycle would grow the list without bound
+            atexit.register(_at_exit_of_active)
+            _atexit_registered = True
         if self._report_path:
             self._claim_report()
 
