@@ -371,17 +371,49 @@ def test_recreated_optimizer_continues_and_scheduler_follows(shim):
 def test_recreated_with_new_lr_keeps_the_users_lr(shim):
     shim(device="cpu", optimizer="rebind")
     model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
-    train_steps(model, opt, 1)
-    sched.step()
+    opts = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        new = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)  # a hand-made schedule
+        for lr in (0.1, 0.03):  # a hand-made schedule: one line, a new lr each epoch
+            opts.append(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+            train_steps(model, opts[-1], 1)
+    first, new = opts
     assert new.param_groups[0]["lr"] == 0.03
-    assert sched.optimizer is opt  # the scheduler is not taken over
     p = next(model.parameters())
-    assert new.state[p] is opt.state[p]  # the momentum goes on
+    assert new.state[p] is first.state[p]  # the momentum goes on
+
+
+def _fine_tune(helper: bool):
+    """A CUDA program with a deliberate restart: train, then a new Adam for a fine-tuning
+    stage, built at another line (or by one helper called from two lines)."""
+    def make(model, lr):
+        return torch.optim.Adam(model.parameters(), lr=lr)
+
+    model = mlp()
+    opt = make(model, 0.01) if helper else torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    out = []
+    for _ in range(4):
+        out += train_steps(model, opt, 3)
+        sched.step()
+    first = opt
+    opt = make(model, 0.002) if helper else torch.optim.Adam(model.parameters(), lr=0.002)
+    out += train_steps(model, opt, 3) + train_steps(model, opt, 2)
+    p = next(model.parameters())
+    return out, int(opt.state[p]["step"]), opt.param_groups[0]["lr"], sched.optimizer is first
+
+
+@pytest.mark.parametrize("helper", [False, True])
+def test_deliberate_restart_at_another_call_site_starts_fresh(shim, helper):
+    native = _fine_tune(helper)
+    assert native[1:] == (5, 0.002, True)
+    shim(device="cpu", optimizer="rebind")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _fine_tune(helper)
+    assert got == native  # losses bit for bit, 5 steps (not 17), lr 0.002, scheduler stays
+    assert not [w for w in caught if issubclass(w.category, RecreatedOptimizerWarning)]
+    assert events.notes["optimizer.recreated"] == 0
 
 
 def test_other_class_or_other_params_is_not_a_recreation(shim):

@@ -123,3 +123,49 @@ def test_reset_is_the_workaround_done_for_the_user():
     assert losses(got.stdout) == losses(article.stdout), \
         first_difference(losses(got.stdout), losses(article.stdout)) + describe(got)
     assert not stalled(got.stdout)
+
+
+FINE_TUNE = '''
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = model.to(device)
+x, y = torch.randn(64, 8, device=device), torch.randint(0, 3, (64,), device=device)
+
+
+def train(opt, steps, stage):
+    for i in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        print("loss", stage, i, loss.item().hex())
+
+
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+sched = torch.optim.lr_scheduler.StepLR(opt, 5, gamma=0.5)
+for _ in range(20):
+    train(opt, 1, 0)
+    sched.step()
+opt = torch.optim.Adam(model.parameters(), lr=0.002)  # fine-tuning: a fresh optimizer, on purpose
+train(opt, 5, 1)
+p = next(model.parameters())
+print("step", int(opt.state[p]["step"]), "lr", opt.param_groups[0]["lr"])
+'''
+
+
+def test_deliberate_optimizer_restart_starts_fresh_as_without_the_shim(tmp_path):
+    """A second optimizer built at another line is a restart, not the workaround: it starts
+    fresh (5 steps, its own lr), and the run equals the native one bit for bit."""
+    script = tmp_path / "fine_tune.py"
+    script.write_text(FINE_TUNE)
+    ref = run_native(script, cwd=CWD, cached=False)
+    assert ref.returncode == 0, describe(ref)
+    got = run_shim(script, cwd=CWD, options={"optimizer": "rebind"})
+    assert got.returncode == 0, describe(got)
+    assert "step 5 lr 0.002" in ref.stdout
+    assert got.stdout == ref.stdout, describe(got)
+    assert "RecreatedOptimizerWarning" not in got.stderr, describe(got)

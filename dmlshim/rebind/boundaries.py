@@ -14,6 +14,7 @@ not the end of an epoch and must not wipe the momentum.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 import weakref
 from typing import Any, Set, Tuple
@@ -50,8 +51,23 @@ def warn_at_user_site(message: str, category: type = UserWarning) -> None:
 
 
 def user_site() -> str:
-    site = events.last_user_frame_info()
-    return f"{site[0]}:{site[1]}" if site is not None else ""
+    """Where user code is building something: every user frame on the stack, innermost first
+    (``file:line<file:line<...``), so a helper called from two places makes two sites.
+    Runs when an optimizer is built, never per step."""
+    frame = sys._getframe(1)
+    skip = events._SKIP_PREFIXES
+    sites = []
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not fname.startswith(skip) and not fname.startswith("<frozen"):
+            sites.append(f"{fname}:{frame.f_lineno}")
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<".join(sites)
+
+
+def innermost(site: str) -> str:
+    """``file:line`` of the user code itself, from a :func:`user_site` string."""
+    return site.split("<", 1)[0]
 
 
 # -- DataLoader passes ------------------------------------------------------------------------
@@ -132,7 +148,7 @@ def report_stale(opt: torch.optim.Optimizer, n: int) -> None:
         return
     info.reported_stale = True
     events.note("optimizer.stale", n)
-    built = f" (built at {info.site})" if info.site else ""
+    built = f" (built at {innermost(info.site)})" if info.site else ""
     warn_at_user_site(
         f"dmlshim: {type(opt).__name__}{built} is updating {n} parameter(s) the model no longer "
         f"holds: a conversion replaced them with new Parameter objects (on DirectML every "

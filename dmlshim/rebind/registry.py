@@ -28,7 +28,9 @@ SCHEDULER_TYPES: Tuple[type, ...] = (torch.optim.lr_scheduler.LRScheduler,
 class OptimizerInfo:
     seq: int  # creation order: the newest optimizer over some parameters wins
     ctor_groups: List[Dict[str, Any]]  # hyperparameters as the constructor left them
-    site: str = ""  # "file:line" of the user code that built it ("" if found by the gc scan)
+    # "file:line<file:line..." of the user frames that built it, innermost first ("" if found by
+    # the gc scan); see boundaries.user_site
+    site: str = ""
     reported_stale: bool = False  # the `off` policy reports a stale optimizer once
 
 

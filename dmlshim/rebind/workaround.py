@@ -4,12 +4,16 @@ The widely shared advice is to build the optimizer inside the epoch loop. On Dir
 dmlshim that avoids the stall, but every re-creation throws away momentum buffers / Adam moments,
 and an LR scheduler built on the first optimizer keeps adjusting an optimizer nobody steps.
 
-Under ``rebind`` a new optimizer of the same class over exactly the same parameters (same
-groups, same order) as a live one *continues* it, so the run trains like the same script with the
-optimizer built once:
+Under ``rebind`` a new optimizer that re-creates a live one the way the workaround does
+*continues* it, so the run trains like the same script with the optimizer built once. Anything
+else is a deliberate new optimizer (a fine-tuning stage, a restart) and starts fresh, as on CUDA:
 
-* it must have the same class, parameters and constructor arguments (``lr`` aside: a new ``lr``
-  each epoch is a hand-made schedule); anything else is another optimizer and is left alone;
+* it must have the same class, parameters (same groups, same order) and constructor arguments
+  (``lr`` aside: a new ``lr`` each epoch is a hand-made schedule);
+* it must be built at the same call site (the same chain of user frames, so a helper called
+  from two places is two sites) as the live one, or the live one must never have stepped (the
+  optimizer built before the loop and replaced by the loop's first re-creation, its scheduler
+  with it); an optimizer that has trained, replaced from another line, is left alone;
 * it shares the predecessor's per-parameter state (the same dicts: nothing is copied);
 * per group, each hyperparameter the script passed unchanged (same value as the predecessor's
   constructor got) takes the predecessor's current value -- the value a scheduler set -- and
@@ -82,16 +86,39 @@ def _same_settings(a: OptimizerInfo, b: OptimizerInfo) -> bool:
     return True
 
 
+def _has_stepped(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` has taken a step: it has per-parameter state (momentum, Adam moments,
+    step counts), or an LR scheduler saw its step() (``_opt_called``, set by torch's
+    scheduler) or has stepped itself."""
+    if opt.state or getattr(opt, "_opt_called", False):
+        return True
+    # a scheduler's own constructor steps it to last_epoch 0
+    return any(getattr(s, "optimizer", None) is opt and getattr(s, "last_epoch", 0) > 0
+               for s in REGISTRY.live_schedulers())
+
+
+def _continues(old: torch.optim.Optimizer, old_info: OptimizerInfo,
+               new_info: OptimizerInfo) -> bool:
+    """The workaround's re-creation (same call site), or the loop's first re-creation of an
+    optimizer built before the loop that never stepped."""
+    same_site = bool(new_info.site) and old_info.site == new_info.site
+    return same_site or not _has_stepped(old)
+
+
 def predecessor(new: torch.optim.Optimizer,
                 new_info: OptimizerInfo) -> Optional[torch.optim.Optimizer]:
-    """The newest live optimizer of the same class and settings over the same parameters."""
+    """The newest live optimizer that ``new`` re-creates (see the module docstring)."""
     best = None
-    best_seq = -1
+    best_info: Optional[OptimizerInfo] = None
     for opt, info in list(REGISTRY.optimizers.items()):
-        if opt is new or type(opt) is not type(new) or info.seq < best_seq:
+        if opt is new or type(opt) is not type(new):
+            continue
+        if best_info is not None and info.seq < best_info.seq:
             continue
         if _same_params(opt, new) and _same_settings(info, new_info):
-            best, best_seq = opt, info.seq
+            best, best_info = opt, info
+    if best is None or best_info is None or not _continues(best, best_info, new_info):
+        return None
     return best
 
 
