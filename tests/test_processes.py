@@ -53,6 +53,30 @@ def test_install_exports_bootstrap_and_options_and_uninstall_restores_environ(sh
     assert dict(os.environ) == before
 
 
+def test_child_sees_its_environment_byte_for_byte_and_still_carries_the_shim(monkeypatch, shim):
+    import dmlshim
+
+    # empty entries (the working directory on sys.path) and unset-vs-empty survive
+    path = os.pathsep.join([str(REPO), "", "/nonexistent", ""])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("DMLSHIM_LOG", "")
+    before = dict(os.environ)
+    shim(device="cpu")
+    code = ("import os, sys\n"
+            "print(repr(os.environ.get('PYTHONPATH')), os.environ.get('DMLSHIM_DISABLE'),"
+            " os.environ.get('DMLSHIM_DEVICE'), repr(os.environ.get('DMLSHIM_LOG')),"
+            " 'DMLSHIM_BOOTSTRAP' in os.environ, any('bootstrap' in p for p in sys.path))\n"
+            "import torch\nprint(torch.cuda.is_available())\n")
+    proc = _python(["-c", code], dict(os.environ))
+    assert proc.returncode == 0, describe(proc)
+    first, second = proc.stdout.splitlines()
+    # what this process had before install(): DMLSHIM_DISABLE=1 (conftest), no DMLSHIM_DEVICE
+    assert first.split() == [repr(path), "1", "None", "''", "False", "False"], first
+    assert second == "True"  # and the child still carries the shim (its options were inherited)
+    dmlshim.uninstall()
+    assert dict(os.environ) == before
+
+
 def test_uninstall_keeps_what_the_program_changed_meanwhile(shim):
     import dmlshim
     from dmlshim.bootstrap import BOOTSTRAP_DIR

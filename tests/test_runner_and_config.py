@@ -23,7 +23,7 @@ def env(**extra: str) -> dict:
 
 def run(args, cwd=REPO, **extra):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd,
-                          env=env(**extra), timeout=120)
+                          env=env(**extra), timeout=240)
 
 
 def test_script_sees_what_python_gives_it():
@@ -38,6 +38,55 @@ def test_script_sees_what_python_gives_it():
 @pytest.mark.parametrize("code", ["7", "0", "1"])
 def test_exit_status_is_the_scripts(code):
     assert run(["-m", "dmlshim", PROBE, code]).returncode == int(code)
+
+
+def test_device_index_limit_is_torchs():
+    assert config.load(environ={"DMLSHIM_DEVICE": "emulated-dml:127"}).device == "emulated-dml:127"
+    assert config.load(environ={"DMLSHIM_DEVICE": "dml:127"}).device == "dml:127"
+    with pytest.raises(config.ConfigError, match="N <= 127"):
+        config.load(environ={"DMLSHIM_DEVICE": "emulated-dml:128"})
+
+
+def test_unwritable_report_exits_2_before_the_script_starts(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('the script ran')\n")
+    for report in (str(tmp_path / "missing" / "r.json"), str(tmp_path)):  # no folder; a folder
+        for args in (["-m", "dmlshim", str(script)], ["-c", "import dmlshim; print('ran')"]):
+            proc = run(args, DMLSHIM_REPORT=report)
+            assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and "DMLSHIM_REPORT" in lines[0] and "writable" in lines[0]
+
+
+def test_python_options_that_skip_the_bootstrap_are_refused():
+    for opt in ("-E", "-I", "-S"):
+        proc = run(["-m", "dmlshim", opt, PROBE])
+        assert proc.returncode == 2 and opt in proc.stderr and proc.stdout == ""
+        assert len(proc.stderr.strip().splitlines()) == 1
+    # DMLSHIM_DISABLE=1: plain python, which accepts them
+    assert run(["-m", "dmlshim", "-I", PROBE, "5"], DMLSHIM_DISABLE="1").returncode == 5
+
+
+def test_runner_options_come_before_the_script_and_reach_it(tmp_path):
+    code = ("import os, sys; before = 'DMLSHIM_DEVICE' in os.environ; import torch, dmlshim; "
+            "print(sys.argv[1:], dmlshim.current_target().kind, before)")
+    proc = run(["-m", "dmlshim", "--device", "emulated-dml:2", "--log=warning", "-c", code,
+                "--device", "x"])
+    assert proc.returncode == 0, proc.stderr
+    # the script's own arguments stay its own; the option reaches the shim, not the script's
+    # environment (while installed, the shim exports it for children)
+    assert proc.stdout.split("]")[1].split() == ["emulated-dml", "False"]
+    assert proc.stdout.startswith("['--device', 'x']")
+
+
+def test_import_dmlshim_in_a_dash_m_module_installs(tmp_path):
+    pkg = tmp_path / "withshim"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import dmlshim\n")
+    (pkg / "__main__.py").write_text("import dmlshim, torch\n"
+                                     "print(dmlshim.is_installed(), torch.cuda.is_available())\n")
+    proc = run(["-m", "withshim"], cwd=tmp_path, DMLSHIM_DEVICE="cpu")
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "True"], proc.stderr
 
 
 def test_uncaught_exception_shows_the_users_traceback_only():
@@ -71,6 +120,9 @@ def test_module_mode():
     ("DMLSHIM_DEVICE", "gpu"), ("DMLSHIM_DEVICE", "emulated-dml:0"), ("DMLSHIM_LOG", "loud"),
     ("DMLSHIM_OPTIMIZER", "recreate"), ("DMLSHIM_AMP", "bf16"), ("DMLSHIM_DISABLE", "2"),
     ("DMLSHIM_EMULATOR_GAPS", "fallback,nope"),
+    # torch keeps device indices in 8 signed bits: cuda:150 would wrap to -106
+    ("DMLSHIM_DEVICE", "emulated-dml:128"), ("DMLSHIM_DEVICE", "dml:200"),
+    ("DMLSHIM_REPORT", "/nonexistent-dir/report.json"),
 ])
 def test_bad_env_value_exits_2_with_one_line(var, value):
     for args in (["-m", "dmlshim", PROBE], ["-c", "import dmlshim"]):
