@@ -53,6 +53,7 @@ def main() -> None:
     # An installed dmlshim has its .pyc files (pip compiles them); a checkout run with
     # PYTHONDONTWRITEBYTECODE=1 would compile sitecustomize.py from source in every child.
     import compileall
+
     from dmlshim.bootstrap import BOOTSTRAP_DIR
 
     compileall.compile_dir(BOOTSTRAP_DIR, quiet=1)
