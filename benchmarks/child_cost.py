@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -33,10 +34,20 @@ def shimmed_env(base: Dict[str, str]) -> Dict[str, str]:
     return ChildEnvironment(values).build(base)
 
 
-def wall(env: Dict[str, str]) -> float:
+CPU: Dict[str, list] = {"plain": [], "bootstrap": []}
+
+
+def wall(env: Dict[str, str], side: str = "") -> float:
+    """Wall time of one child; its CPU time (user + system) goes to CPU[side], a figure less
+    disturbed by other load on a shared machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
-    return time.perf_counter() - t
+    elapsed = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if side:
+        CPU[side].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return elapsed
 
 
 def modules(env: Dict[str, str]) -> int:
@@ -60,7 +71,8 @@ def main() -> None:
     plain = clean_env()
     shim = shimmed_env(plain)
     wall(plain), wall(shim)  # warm the page cache and the .pyc files
-    base, with_shim = alternate(a.runs, lambda: wall(plain), lambda: wall(shim))
+    base, with_shim = alternate(a.runs, lambda: wall(plain, "plain"),
+                                lambda: wall(shim, "bootstrap"))
     try:
         head = header()
     except ImportError:  # torch is not needed here
@@ -72,6 +84,8 @@ def main() -> None:
               bootstrap_ms=round(median(with_shim) * 1000, 2),
               added_ms=round((median(with_shim) - median(base)) * 1000, 2),
               ratio=round(median(with_shim) / median(base), 3),
+              plain_cpu_ms=round(median(CPU["plain"]) * 1000, 2),
+              bootstrap_cpu_ms=round(median(CPU["bootstrap"]) * 1000, 2),
               plain_modules=modules(plain), bootstrap_modules=modules(shim)), a.out)
 
 
