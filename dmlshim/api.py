@@ -113,6 +113,9 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
             if torch.Generator is not before:
                 _generator_before = before
             _compat.fix_parameter_instancecheck()
+            from dmlshim import dtensor_import
+
+            dtensor_import.install()  # the weights_only allow-list stays torch's
         elif tgt.kind == "dml":
             target.import_torch_directml()
         devicemap.activate(tgt)
@@ -140,6 +143,9 @@ def uninstall() -> None:
         _patches = None
         _target = _config_in_force = None
         _restore_generator()
+        from dmlshim import dtensor_import
+
+        dtensor_import.uninstall()
         devicemap.deactivate()
         cfgmod.set_current(None)
 

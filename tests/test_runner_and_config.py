@@ -47,6 +47,41 @@ def test_device_index_limit_is_torchs():
         config.load(environ={"DMLSHIM_DEVICE": "emulated-dml:128"})
 
 
+ALLOW_LIST = """
+import sys
+import torch
+from torch import _weights_only_unpickler as wou
+
+def name(g):
+    g = g[0] if isinstance(g, tuple) else g
+    return f"{getattr(g, '__module__', '')}.{getattr(g, '__qualname__', type(g).__name__)}"
+
+def allowed():
+    return sorted(map(name, getattr(wou, "_marked_safe_globals_set", ())))
+
+if sys.argv[1:] == ["explicit"]:
+    import torch.distributed.tensor  # noqa: F401  the script asks for DTensor itself
+start = allowed()
+model = torch.nn.Linear(2, 2).to("cuda" if torch.cuda.is_available() else "cpu")
+model(torch.ones(1, 2, device=next(model.parameters()).device)).sum().backward()
+print("unchanged by training", allowed() == start)
+print(allowed())
+"""
+
+
+@pytest.mark.parametrize("how", ["implicit", "explicit"])
+def test_emulated_dml_keeps_torchs_weights_only_allow_list(tmp_path, how):
+    # torch imports torch.distributed.tensor at the first dispatch through a tensor subclass
+    # (the emulator's tensors), which would widen the allow-list for torch.load(weights_only)
+    script = tmp_path / "allow.py"
+    script.write_text(ALLOW_LIST)
+    native = run([str(script), how])
+    shimmed = run(["-m", "dmlshim", "--device", "emulated-dml", str(script), how])
+    assert native.returncode == shimmed.returncode == 0, shimmed.stderr
+    assert shimmed.stdout == native.stdout
+    assert "unchanged by training True" in native.stdout
+
+
 def test_unwritable_report_exits_2_before_the_script_starts(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("print('the script ran')\n")

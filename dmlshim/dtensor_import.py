@@ -1,0 +1,108 @@
+"""Keep torch's ``weights_only`` allow-list as a CUDA run has it under ``emulated-dml``.
+
+torch >= 2.5 imports ``torch.distributed.tensor`` at the first dispatch through a tensor
+subclass (its C++ dispatcher looks up the DTensor class), and that module adds the DTensor
+classes to the ``weights_only`` allow-list (``torch.serialization.add_safe_globals``). The
+emulator's tensors are such a subclass, so a script that never touches DTensor would load
+checkpoints with a wider allow-list than on CUDA. This finder waits for that import: when it
+comes from torch's C++ (no ``import`` statement and no ``importlib.import_module`` of the
+script or a library asked for it), the allow-list is put back as it was just before.
+"""
+
+from __future__ import annotations
+
+import dis
+import importlib
+import os
+import sys
+from typing import Any, Optional
+
+MODULE = "torch.distributed.tensor"
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+_IMPORTLIB_INIT = os.path.abspath(importlib.__file__)
+
+
+def _asked_for_by_python() -> bool:
+    """Whether the import running now comes from an ``import`` statement or import_module."""
+    frame = sys._getframe(1)
+    here = os.path.abspath(__file__)
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if fname.startswith("<frozen") or os.path.abspath(fname) == here:
+            frame = frame.f_back  # type: ignore[assignment]
+            continue
+        if os.path.abspath(fname) == _IMPORTLIB_INIT:
+            return True
+        code = frame.f_code.co_code
+        return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == _IMPORT_NAME
+    return False
+
+
+class _Loader:
+    def __init__(self, loader: Any, finder: AllowListGuard) -> None:
+        self.loader, self.finder = loader, finder
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.finder.remove()
+        from torch import _weights_only_unpickler as wou
+
+        explicit = _asked_for_by_python()
+        before = getattr(wou, "_marked_safe_globals_set", None)
+        self.loader.exec_module(module)
+        if not explicit and isinstance(before, set):
+            wou._marked_safe_globals_set = set(before)
+
+
+class AllowListGuard:
+    """A one-shot ``sys.meta_path`` finder for ``torch.distributed.tensor``."""
+
+    def __init__(self) -> None:
+        self._finding = False
+
+    def find_spec(self, name: str, path: Optional[Any] = None, target: Any = None):
+        if name != MODULE or self._finding:
+            return None
+        self._finding = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._finding = False
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Loader(spec.loader, self)
+        return spec
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+_guard: Optional[AllowListGuard] = None
+
+
+def install() -> None:
+    global _guard
+    if MODULE in sys.modules or _guard is not None:
+        return
+    _guard = AllowListGuard()
+    sys.meta_path.insert(0, _guard)
+
+
+def uninstall() -> None:
+    global _guard
+    if _guard is not None:
+        _guard.remove()
+        _guard = None
