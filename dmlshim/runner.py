@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from dmlshim import config
 
@@ -130,10 +130,10 @@ def interpreter_options() -> List[str]:
     return subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
 
 
-def _disabled(raw_flag: Optional[str]) -> bool:
+def _disabled(raw_flag: Optional[str], environ: Mapping[str, str]) -> bool:
     """DMLSHIM_DISABLE (or --disable), the one option read when it is on."""
     opt = config.OPTIONS_BY_NAME["disable"]
-    raw = raw_flag if raw_flag is not None else os.environ.get(opt.env, "")
+    raw = raw_flag if raw_flag is not None else environ.get(opt.env, "")
     if raw == "":
         return False
     try:
@@ -144,7 +144,7 @@ def _disabled(raw_flag: Optional[str]) -> bool:
         raise
 
 
-def _validated(options: Dict[str, str]) -> config.Config:
+def _validated(options: Dict[str, str], environ: Mapping[str, str]) -> config.Config:
     from dmlshim import launch
 
     parsed: Dict[str, str] = {}
@@ -155,7 +155,7 @@ def _validated(options: Dict[str, str]) -> config.Config:
         except config.ConfigError as err:
             # name the flag the user typed, and the variable it stands for
             raise config.ConfigError(f"{opt.flag} ({opt.env})", raw, opt.valid) from err
-    return launch.configure(parsed, source="cli", environ=os.environ)
+    return launch.configure(parsed, source="cli", environ=environ)
 
 
 def _directml_setup(cfg: config.Config) -> Dict[str, str]:
@@ -223,7 +223,11 @@ def _run_as_child(argv: List[str], env: Dict[str, str]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from dmlshim import launch
+
     argv = sys.argv[1:] if argv is None else argv
+    # what a shimmed parent exported counts (the bootstrap took it out of os.environ)
+    effective = launch.environment()
     try:
         raw_options, python_args, actions = parse_args(argv)
         if actions["help"]:
@@ -234,7 +238,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             print(f"dmlshim {__version__}")
             return 0
-        disabled = _disabled(raw_options.get("disable"))
+        disabled = _disabled(raw_options.get("disable"), effective)
         prefix = interpreter_options()
         has_target, no_bootstrap = scan_python_args(prefix + python_args)
         if not has_target and not actions["doctor"]:
@@ -242,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         command = [sys.executable, *prefix, *python_args]
         if disabled and not actions["doctor"]:
             return _replace_with(command, dict(os.environ))  # plain python, nothing validated
-        cfg = _validated(raw_options)
+        cfg = _validated(raw_options, effective)
     except config.ConfigError as err:
         print(str(err), file=sys.stderr)
         return 2
@@ -267,8 +271,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TargetError as err:
         print(str(err), file=sys.stderr)
         return 2
+    # the options given here, and those a shimmed parent exported to this process
     values: Dict[str, Optional[str]] = {
-        config.OPTIONS_BY_NAME[name].env: cfg.values[name] for name in raw_options}
+        k: v for k, v in effective.items()
+        if k.startswith(config.ENV_PREFIX) and before.get(k) != v}
+    values.update({config.OPTIONS_BY_NAME[name].env: cfg.values[name] for name in raw_options})
     if os.environ.get(PROBE_CACHE_ENV) != before.get(PROBE_CACHE_ENV):
         values[PROBE_CACHE_ENV] = os.environ[PROBE_CACHE_ENV]  # the child need not probe again
     values[AS_CHILD_ENV] = None  # test-only switch: not the script's business

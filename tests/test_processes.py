@@ -77,6 +77,16 @@ def test_child_sees_its_environment_byte_for_byte_and_still_carries_the_shim(mon
     assert dict(os.environ) == before
 
 
+def test_runner_started_by_a_shimmed_process_keeps_its_options(shim):
+    # the child's bootstrap takes the exported options out of the script's view (which has this
+    # process's DMLSHIM_DISABLE=1); the runner must still see them
+    shim(device="emulated-dml:2")
+    code = "import torch, dmlshim; print(dmlshim.is_installed(), dmlshim.current_target().count)"
+    proc = _python(["-m", "dmlshim", "-c", code], dict(os.environ))
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["True", "2"]
+
+
 def test_uninstall_keeps_what_the_program_changed_meanwhile(shim):
     import dmlshim
     from dmlshim.bootstrap import BOOTSTRAP_DIR
