@@ -205,6 +205,19 @@ def test_auto_without_directml_or_cuda_trains_on_cpu_and_says_why():
     assert "target cpu" in proc.stderr
 
 
+def test_every_dmlshim_variable_has_a_row_in_the_table():
+    import re
+    from pathlib import Path
+
+    names = set()
+    for path in Path(REPO, "dmlshim").rglob("*.py"):
+        names.update(re.findall(r"DMLSHIM_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
+    names.discard("DMLSHIM_PROBE")  # the DirectML probe's output line marker, not a variable
+    rows = {o.env for o in config.OPTIONS} | {v.env for v in config.INTERNAL}
+    assert names <= rows, sorted(names - rows)
+    assert not {v.env for v in config.INTERNAL} & {o.env for o in config.OPTIONS}
+
+
 def test_help_lists_every_option():
     proc = run(["-m", "dmlshim", "--help"])
     assert proc.returncode == 0

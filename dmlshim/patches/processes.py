@@ -29,14 +29,13 @@ from typing import Any, Dict, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from dmlshim import devicemap, events
+from dmlshim import config, devicemap, events
 from dmlshim.childenv import ChildEnvironment
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
 
-# internal (not an option): "1" in children of torch.multiprocessing.spawn/start_processes
-WRAP_ORDINALS_ENV = "DMLSHIM_WRAP_ORDINALS"
+WRAP_ORDINALS_ENV = config.INTERNAL_BY_NAME["wrap_ordinals"].env
 
 
 def child_environment(config, target=None) -> ChildEnvironment:
