@@ -62,18 +62,20 @@ def configure(overrides: Optional[Mapping[str, object]] = None, source: str = "c
 def launch():
     """Install dmlshim with the options from the environment, unless disabled.
 
-    Returns the Target, or None when ``DMLSHIM_DISABLE=1``. A bad option or an unusable
-    target prints one line and raises ``SystemExit(2)``.
+    Returns the Target, or None when ``DMLSHIM_DISABLE=1`` (then no other option is read). A
+    bad option or an unusable target prints one line and raises ``SystemExit(2)``.
     """
+    env = environment()
+    disable = config.OPTIONS_BY_NAME["disable"]
     try:
-        cfg = configure()
+        # disabled is inert: DMLSHIM_DISABLE is the one option read then
+        if env.get(disable.env) and disable.parse(env[disable.env]) == "1":
+            return None
+        cfg = configure(environ=env)
     except config.ConfigError as err:
         config.exit_on_error(err)
-    if cfg.disabled:
-        return None
     from dmlshim import api, target
 
-    env = environment()
     cache = env.get(target.PROBE_CACHE_ENV)
     if cache is not None:  # the runner's DirectML probe, so this process need not repeat it
         os.environ.setdefault(target.PROBE_CACHE_ENV, cache)

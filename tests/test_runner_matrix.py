@@ -222,6 +222,11 @@ def test_disabled_runner_validates_nothing_but_disable(tree):
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "")
     bad = _run(["-m", "dmlshim", py], Case("x", [py]), {"DMLSHIM_DISABLE": "maybe"}, tree)
     assert bad.returncode == 2 and "DMLSHIM_DISABLE" in bad.stderr
+    # `import dmlshim` too
+    code = "import dmlshim; print(dmlshim.is_installed())"
+    imp = _run(["-c", code], Case("x", []), {"DMLSHIM_DISABLE": "1", "DMLSHIM_DEVICE": "bogus"},
+               tree)
+    assert (imp.returncode, imp.stdout, imp.stderr) == (0, "False\n", "")
 
 
 @pytest.mark.parametrize("as_child", [False, True])
