@@ -1,4 +1,5 @@
-"""`python -m dmlshim` behaves like `python script.py`; options are validated in one place."""
+"""`python -m dmlshim` behaves like `python script.py` (the full comparison is
+test_runner_matrix.py); options are validated in one place, before the script starts."""
 
 from __future__ import annotations
 
@@ -129,9 +130,7 @@ def test_uncaught_exception_shows_the_users_traceback_only():
     shimmed = run(["-m", "dmlshim", PROBE, "raise"])
     assert shimmed.returncode == native.returncode == 1
     assert "ValueError: boom from the script" in shimmed.stderr
-    assert "dmlshim" not in shimmed.stderr.replace(PROBE, "")
-    assert "runpy" not in shimmed.stderr
-    assert shimmed.stderr.count("File ") == native.stderr.count("File ")
+    assert shimmed.stderr == native.stderr  # python prints it: no runner frames to strip
 
 
 def test_missing_script_is_pythons_one_line_and_status_2():
