@@ -87,6 +87,26 @@ def test_runner_started_by_a_shimmed_process_keeps_its_options(shim):
     assert proc.stdout.split() == ["True", "2"]
 
 
+def test_child_environment_record_round_trips_any_value():
+    from dmlshim import config
+    from dmlshim.bootstrap.sitecustomize import MARKER, undo
+    from dmlshim.childenv import ChildEnvironment
+
+    assert MARKER == config.INTERNAL_BY_NAME["bootstrap"].env
+    odd = "a;b=c%3B%25 ünï;=;%"
+    for base in ({}, {"PYTHONPATH": "", "DMLSHIM_LOG": odd, MARKER: odd},
+                 {"PYTHONPATH": os.pathsep + odd + os.pathsep, "DMLSHIM_DEVICE": ""}):
+        child = ChildEnvironment({"DMLSHIM_LOG": "debug", "DMLSHIM_DEVICE": None,
+                                  "DMLSHIM_REPORT": odd}, {"LD_LIBRARY_PATH": "/x;y=z"})
+        env = child.build(base)
+        assert env["PYTHONPATH"].split(os.pathsep)[0] == child.path_prefixes["PYTHONPATH"]
+        seen = dict(env)
+        inherited = undo(seen, env[MARKER])
+        assert seen == base, (base, seen)
+        assert inherited["DMLSHIM_LOG"] == "debug" and inherited["DMLSHIM_REPORT"] == odd
+        assert inherited.get("DMLSHIM_DEVICE") is None and "DMLSHIM_DEVICE" not in env
+
+
 def test_uninstall_keeps_what_the_program_changed_meanwhile(shim):
     import dmlshim
     from dmlshim.bootstrap import BOOTSTRAP_DIR

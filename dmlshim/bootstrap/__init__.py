@@ -7,4 +7,3 @@ with dmlshim; on ``PYTHONPATH`` the folder is a plain path entry, not a package.
 import os
 
 BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(__file__))
-SWITCH_ENV = "DMLSHIM_BOOTSTRAP"  # the marker (dmlshim/childenv.py); config.INTERNAL lists it
