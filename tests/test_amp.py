@@ -291,21 +291,28 @@ def _half_input_outputs(stdout):
     return dtypes, outs
 
 
+# emulated-dml-autocast: an adapter that can autocast (the emulator's "autocast" gap off)
 @pytest.mark.parametrize("device,amp", [
     ("cpu", "off"), ("cpu", "fp16"),
     pytest.param("emulated-dml", "off", marks=pytest.mark.emulator),
-    pytest.param("emulated-dml", "fp16", marks=pytest.mark.emulator)])
+    pytest.param("emulated-dml", "fp16", marks=pytest.mark.emulator),
+    pytest.param("emulated-dml-autocast", "fp16", marks=pytest.mark.emulator)])
 def test_half_input_into_float32_model_under_cuda_autocast(device, amp):
     native = run_native(REPO / "tests" / "scripts" / "amp_half_input.py", "--reference")
     assert native.returncode == 0, describe(native)
     _, ref = _half_input_outputs(native.stdout)
     reference = ref["reference"]
+    options = {"amp": amp}
+    if device == "emulated-dml-autocast":
+        device, options["emulator-gaps"] = "emulated-dml", "fallback,float64,generator"
+        low = True
+    else:
+        low = amp == "fp16" and device == "cpu"  # emulated-dml: no autocast (#454), float32
     proc = run_shim(REPO / "tests" / "scripts" / "amp_half_input.py", device=device,
-                    options={"amp": amp})
+                    options=options)
     assert proc.returncode == 0, describe(proc)
     dtypes, outs = _half_input_outputs(proc.stdout)
     assert len(outs) == 2, describe(proc)
-    low = amp == "fp16" and device == "cpu"  # emulated-dml: no autocast (#454), float32
     for name, values in outs.items():
         if low:
             # float16 compute, as on CUDA: within float16's precision of the float32 result
@@ -317,5 +324,5 @@ def test_half_input_into_float32_model_under_cuda_autocast(device, amp):
             # the CPU reference, so the same bits
             assert dtypes[name] == ("torch.float32", "torch.float32"), describe(proc)
             assert values == reference, (values, reference)
-    if amp == "fp16" and device != "cpu":
+    if amp == "fp16" and not low:
         assert "#454" in proc.stderr, describe(proc)
