@@ -20,6 +20,7 @@ log = logging.getLogger("dmlshim")
 PATCH_MODULES = (
     "dmlshim.patches.devices",
     "dmlshim.patches.cuda_api",
+    "dmlshim.patches.oom",
     "dmlshim.patches.data",
     "dmlshim.patches.optim",
     "dmlshim.patches.optim_flags",

@@ -117,6 +117,10 @@ OPTIONS: Tuple[Option, ...] = (
            "all, none, or a comma list of all, " + ", ".join(EMULATOR_GAPS + EMULATOR_BUGS),
            "which torch-directml gaps the emulated-dml device reproduces (bugs are opt-in)",
            _gap_list, normalize=lambda v: v.strip().lower().replace(" ", "")),
+    Option("emulator_memory", "", "a whole number of MiB >= 1 (empty: unlimited)",
+           "live bytes each emulated-dml adapter may hold; past it the emulator raises "
+           "torch-directml's out-of-memory error",
+           lambda v: v == "" or (v.isdigit() and int(v) >= 1)),
     Option("report", "", "a file path (empty: no report)",
            "write a JSON report of what the shim did to this path at exit",
            lambda v: True, normalize=_keep),

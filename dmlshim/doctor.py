@@ -191,7 +191,7 @@ def main(cfg: cfgmod.Config) -> int:
         value = cfg.values[opt.name]
         source = cfg.sources.get(opt.name, "default")
         where = {"env": opt.env, "cli": opt.flag, "install()": "install()"}.get(source, "default")
-        print(f"  {opt.name:<14}{(value if value != '' else '-'):<16}{where}")
+        print(f"  {opt.name + ' ':<14}{(value if value != '' else '-'):<16}{where}")
 
     for note in out.notes:
         print(f"note: {note}")

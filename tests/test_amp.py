@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.amp.autocast_mode as autocast_mode
 import torch.amp.grad_scaler as grad_scaler
-from helpers import describe, losses, run_native, run_shim
+from helpers import REPO, describe, losses, run_native, run_shim
 from test_serialization import save_as_if_on_cuda
 
 import dmlshim
@@ -276,3 +276,53 @@ def test_amp_train_fp16_on_an_adapter_that_can_autocast():
     assert_converges(proc)
     scales = [line for line in proc.stderr.splitlines() if line.startswith("epoch ")]
     assert len(scales) == 3 and all("scale 1.0" not in line for line in scales), describe(proc)
+
+
+# -- a float16 batch into a float32 model (issue 13, item 4) ---------------------------------
+
+def _half_input_outputs(stdout):
+    dtypes, outs = {}, {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if parts[:1] == ["dtypes"]:
+            dtypes[parts[1]] = tuple(parts[2:])
+        elif parts[:1] == ["out"]:
+            outs.setdefault(parts[1], []).append(float.fromhex(parts[2]))
+    return dtypes, outs
+
+
+# emulated-dml-autocast: an adapter that can autocast (the emulator's "autocast" gap off)
+@pytest.mark.parametrize("device,amp", [
+    ("cpu", "off"), ("cpu", "fp16"),
+    pytest.param("emulated-dml", "off", marks=pytest.mark.emulator),
+    pytest.param("emulated-dml", "fp16", marks=pytest.mark.emulator),
+    pytest.param("emulated-dml-autocast", "fp16", marks=pytest.mark.emulator)])
+def test_half_input_into_float32_model_under_cuda_autocast(device, amp):
+    native = run_native(REPO / "tests" / "scripts" / "amp_half_input.py", "--reference")
+    assert native.returncode == 0, describe(native)
+    _, ref = _half_input_outputs(native.stdout)
+    reference = ref["reference"]
+    options = {"amp": amp}
+    if device == "emulated-dml-autocast":
+        device, options["emulator-gaps"] = "emulated-dml", "fallback,float64,generator"
+        low = True
+    else:
+        low = amp == "fp16" and device == "cpu"  # emulated-dml: no autocast (#454), float32
+    proc = run_shim(REPO / "tests" / "scripts" / "amp_half_input.py", device=device,
+                    options=options)
+    assert proc.returncode == 0, describe(proc)
+    dtypes, outs = _half_input_outputs(proc.stdout)
+    assert len(outs) == 2, describe(proc)
+    for name, values in outs.items():
+        if low:
+            # float16 compute, as on CUDA: within float16's precision of the float32 result
+            assert dtypes[name] == ("torch.float16", "torch.float16"), describe(proc)
+            assert all(math.isclose(a, b, rel_tol=1e-2, abs_tol=1e-2)
+                       for a, b in zip(values, reference)), (values, reference)
+        else:
+            # "the region computes in float32": the float16 input cast up, same kernels as
+            # the CPU reference, so the same bits
+            assert dtypes[name] == ("torch.float32", "torch.float32"), describe(proc)
+            assert values == reference, (values, reference)
+    if amp == "fp16" and not low:
+        assert "#454" in proc.stderr, describe(proc)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+import dmlshim
 from dmlshim.patches import cuda_api
 
 
@@ -125,17 +131,45 @@ def test_torch_code_gets_the_real_answers(shim):
     assert (torch.cuda.is_available(), torch.cuda.device_count()) == (True, 1)
 
 
-def test_accelerator_api_answers_like_cuda(shim):
+def _reference_module():
+    spec = importlib.util.spec_from_file_location(
+        "accelerator_reference", Path(__file__).parent / "scripts" / "accelerator_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_accelerator_answers_equal_torch_2_13s():
+    """torch.accelerator under the shim, on the CPU and on two emulated adapters: the same names,
+    parameters and answers as torch 2.13 under the shim (recorded in tests/data by
+    tests/scripts/accelerator_reference.py, and checked again here whenever torch is 2.13)."""
+    ref_mod = _reference_module()
+    reference = json.loads(ref_mod.REFERENCE.read_text(encoding="utf-8"))
+    native = hasattr(torch, "accelerator")
+    got = ref_mod.record()
+    assert got["targets"] == reference["targets"]
+    if got["torch"] == reference["torch"] or not native:
+        # torch 2.13 itself, or dmlshim's stand-in on torch < 2.6 (2.4.1): parameters equal too
+        assert got["signatures"] == reference["signatures"]
+
+
+def test_accelerator_exists_only_under_the_shim(shim):
+    native = getattr(torch, "accelerator", None)
+    before = {name: getattr(native, name) for name in dir(native)} if native is not None else None
     shim(device="cpu")
-    acc = getattr(torch, "accelerator", None)
-    if acc is None:  # torch < 2.6 has no torch.accelerator; nothing to answer
-        assert torch.__version__ < "2.6"
-        return
-    assert acc.is_available()
-    assert acc.current_accelerator().type == "cuda"
-    assert acc.device_count() == 1
-    assert torch.ones(1, device=acc.current_accelerator()).device.type == "cpu"
-    acc.synchronize()
+    importlib.import_module("torch.accelerator")  # importable under the shim on every torch
+    memory = importlib.import_module("torch.accelerator.memory")
+
+    assert torch.accelerator.current_accelerator().type == "cuda"
+    assert memory.memory_allocated() == torch.accelerator.memory_allocated()
+    dmlshim.uninstall()
+    if native is None:  # torch < 2.6: gone again, as torch has it
+        assert not hasattr(torch, "accelerator")
+        assert "torch.accelerator" not in sys.modules and "torch.accelerator.memory" not in sys.modules
+        with pytest.raises(ImportError):
+            importlib.import_module("torch.accelerator")
+    else:
+        assert {name: getattr(torch.accelerator, name) for name in dir(torch.accelerator)} == before
 
 
 def test_legacy_typed_constructors(shim):

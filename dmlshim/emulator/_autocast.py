@@ -13,11 +13,16 @@ happens.
 With the switch off the emulator registers a fallthrough for AutocastPrivateUse1 and CUDA-like
 cast policies for common ops (float16/the autocast dtype for matmul/conv/linear, float32 for
 losses, softmax and normalisations); everything else runs in the input dtype.
+
+The same kernels serve dmlshim's float32 autocast regions on real and emulated DirectML
+(``dmlshim.patches.amp``: the region's autocast dtype is float32, so eligible ops cast their
+float16 inputs up). Registrations are shared: they exist while anyone holds them
+(:func:`hold` / :func:`release`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Set
 
 import torch
 
@@ -39,6 +44,7 @@ FLOAT32 = (
 _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 _fallthrough_lib: Optional[Any] = None
 _kernel_lib: Optional[Any] = None
+_holders: Set[str] = set()
 
 
 def _cast(value, dtype: torch.dtype):
@@ -89,12 +95,29 @@ def _disable() -> None:
     _fallthrough_lib = _kernel_lib = None
 
 
-def sync() -> None:
-    """Make the registrations match the ``autocast`` switch."""
-    if state.autocast and _fallthrough_lib is not None:
-        _disable()
-    elif not state.autocast and _fallthrough_lib is None:
+def hold(holder: str) -> None:
+    """Keep the AutocastPrivateUse1 kernels registered while ``holder`` needs them."""
+    _holders.add(holder)
+    if _fallthrough_lib is None:
         _enable()
+
+
+def release(holder: str) -> None:
+    _holders.discard(holder)
+    if not _holders and _fallthrough_lib is not None:
+        _disable()
+
+
+def registered() -> bool:
+    return _fallthrough_lib is not None
+
+
+def sync() -> None:
+    """Make the emulator's hold on the registrations match the ``autocast`` switch."""
+    if state.autocast:
+        release("emulator")
+    else:
+        hold("emulator")
 
 
 def install() -> None:

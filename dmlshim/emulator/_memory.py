@@ -6,12 +6,16 @@ data pointer does not). Each elem holding a storage adds a reference; a weakref 
 elem drops it, and the storage's bytes leave the count when its last elem dies. The weakref is on
 the CPU elem, never on the emulated tensor, because torch.utils.swap_tensors (used by
 ``torch.__future__.set_swap_module_params_on_conversion``) refuses tensors with weakrefs.
+
+A limit (``DMLSHIM_EMULATOR_MEMORY``, per adapter) makes a new storage that would pass it
+raise torch-directml's out-of-memory error; the count is only compared where a storage is
+added or grows, so tensors within the limit pay one comparison.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -22,6 +26,37 @@ _storages: Dict[int, List[int]] = {}
 _refs: Dict[int, Tuple[weakref.ref, int]] = {}
 _current: List[int] = []
 _peak: List[int] = []
+# Live bytes each adapter may hold (None: unlimited).
+_limit: Optional[int] = None
+
+
+def oom_message(nbytes: int) -> str:
+    """torch-directml 0.2.5's allocator message (a string in its native extension)."""
+    return (f"Could not allocate tensor with {nbytes} bytes. There is not enough GPU video "
+            "memory available!")
+
+
+def _wheel_error(nbytes: int, index: int) -> BaseException:
+    return RuntimeError(oom_message(nbytes))
+
+
+# Builds the error raised past the limit: torch-directml's RuntimeError, unless the shim is
+# installed and translates it where it is raised (dmlshim.patches.oom sets this).
+make_oom_error: Callable[[int, int], BaseException] = _wheel_error
+
+
+def set_limit(nbytes: Optional[int]) -> None:
+    global _limit
+    _limit = nbytes
+
+
+def limit() -> Optional[int]:
+    return _limit
+
+
+def set_oom_error(factory: Optional[Callable[[int, int], BaseException]]) -> None:
+    global make_oom_error
+    make_oom_error = factory if factory is not None else _wheel_error
 
 
 def resize(count: int) -> None:
@@ -51,6 +86,8 @@ def track(elem: torch.Tensor, index: int) -> None:
     entry = _storages.get(key)
     if entry is None:
         nbytes = storage.nbytes()
+        if _limit is not None and _current[index] + nbytes > _limit:
+            raise make_oom_error(nbytes, index)
         _storages[key] = [index, nbytes, 1]
         _current[index] += nbytes
         if _current[index] > _peak[index]:
@@ -68,6 +105,8 @@ def refresh(elem: torch.Tensor) -> None:
         return
     nbytes = elem.untyped_storage().nbytes()
     if nbytes != entry[1]:
+        if _limit is not None and nbytes > entry[1] and _current[entry[0]] + nbytes - entry[1] > _limit:
+            raise make_oom_error(nbytes, entry[0])
         _current[entry[0]] += nbytes - entry[1]
         entry[1] = nbytes
         if _current[entry[0]] > _peak[entry[0]]:

@@ -1,7 +1,12 @@
 """CUDA automatic mixed precision on targets without CUDA: autocast regions and GradScaler.
 
-``DMLSHIM_AMP=off`` (default): an autocast region for ``"cuda"`` runs in float32 (it is built
-disabled, so torch's "CUDA is not available ... Disabling autocast" warning never fires) and a
+``DMLSHIM_AMP=off`` (default): an autocast region for ``"cuda"`` computes in float32: it is an
+autocast region on the target's device whose autocast dtype is float32, so autocast-eligible ops
+(conv, linear, matmul, ...) cast float16/bfloat16 inputs to float32, as CUDA autocast casts
+both operands to float16 (a float16 batch into a float32 model works, as in ultralytics'
+validation); torch's "CUDA is not available ... Disabling autocast" warning never fires. On
+DirectML, whose torch-directml has no AutocastPrivateUse1 kernels (microsoft/DirectML#454),
+dmlshim registers the casting kernels for the installed session (``emulator/_autocast.py``). A
 CUDA ``GradScaler`` is a disabled scaler -- ``scale`` returns its input, ``step`` calls
 ``optimizer.step()``, ``unscale_``/``update`` do nothing -- whose ``state_dict`` still holds the
 scaler settings (so a checkpoint written here resumes an enabled scaler on a CUDA machine) and
@@ -11,7 +16,7 @@ whose ``load_state_dict`` accepts a CUDA scaler's state.
 torch can autocast there (the CPU; an emulated adapter whose ``autocast`` gap is off), and the
 scaler is a real, enabled scaler on that device. Where autocast refuses the device
 (torch-directml 0.2.5: microsoft/DirectML#454, reproduced by the emulator's ``autocast`` gap),
-regions run in float32 as with ``off``, with one warning per call site.
+regions compute in float32 as with ``off``, with one warning per call site.
 
 Only the constructors (and ``custom_fwd``/``custom_bwd``, decorators) are wrapped: nothing runs
 per op.
@@ -100,6 +105,29 @@ def make_plan(target: Any, mode: str) -> AmpPlan:
     return AmpPlan(mode, device_type, dtypes)
 
 
+def _float32_regions_work(device_type: str, index: int) -> bool:
+    """Whether a float32 region on the device casts a float16 input of a matmul up.
+
+    torch's constructor accepts only float16/bfloat16 on the CPU and DirectML; the dtype the
+    region sets on entry (``fast_dtype``) can be float32 all the same, and autocast's cast
+    policies handle it like any other target dtype (float32 inputs stay, others cast up).
+    """
+    device = torch.device(device_type, index) if device_type != "cpu" else torch.device("cpu")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ctx = _autocast_mode.autocast(device_type, dtype=torch.float16)
+            if not getattr(ctx, "_enabled", False):
+                return False
+            ctx.fast_dtype = torch.float32
+            with ctx:
+                out = torch.mm(torch.ones(2, 2, device=device, dtype=torch.float16),
+                               torch.ones(2, 2, device=device))
+            return out.dtype is torch.float32
+    except Exception:  # noqa: BLE001 - any failure means "regions stay plain float32"
+        return False
+
+
 def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -114,6 +142,20 @@ class AmpPatch(Patch):
 
     def _install(self, target, config) -> None:
         self.plan = plan = make_plan(target, config.amp)
+        self.float32_device: Optional[str] = None
+        device_type = target.device_type
+        if device_type == "privateuseone":
+            # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's for the
+            # session, after make_plan probed what the device itself can do.
+            from dmlshim.emulator import _autocast as _pu1_autocast
+
+            _pu1_autocast.hold("dmlshim.amp")
+            self.on_undo(lambda: _pu1_autocast.release("dmlshim.amp"))
+        if _float32_regions_work(device_type, target.index):
+            self.float32_device = device_type
+        else:
+            log.info("autocast regions on %s cannot cast to float32; CUDA autocast regions are "
+                     "disabled there instead (float16 inputs are not cast up)", device_type)
         if plan.mode == "fp16":
             if plan.low_precision:
                 log.info("DMLSHIM_AMP=fp16: CUDA autocast runs as %s autocast on %s",
@@ -156,7 +198,15 @@ class AmpPatch(Patch):
                 why = plan.why_not
             events.warn_at_user_site(f"dmlshim: CUDA autocast requested but {why}; this region runs "
                               "in float32 (DMLSHIM_AMP=fp16)")
-        # float32: build the region disabled, as torch would on CUDA with enabled=False
+        if self.float32_device is not None:
+            # float32: a region on the device whose autocast dtype is float32 (see the module
+            # docstring), so a float16 input into a float32 layer computes as on CUDA.
+            bound["device_type"] = self.float32_device
+            bound["dtype"] = torch.float16  # accepted by the constructor; replaced below
+            result = wrapped(**bound)
+            instance.fast_dtype = torch.float32
+            events.redirected("torch.autocast", "cuda", f"{self.float32_device} float32")
+            return result
         bound["enabled"] = False
         events.redirected("torch.autocast", "cuda", "float32", tag="dropped")
         return wrapped(**bound)

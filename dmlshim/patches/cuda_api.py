@@ -15,19 +15,38 @@ CUDA-only paths inside torch), everything else gets the emulation.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 import time
-from collections import namedtuple
-from typing import Any, Callable, Dict, Optional
+import types
+from collections import OrderedDict, namedtuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+import wrapt
 
 from dmlshim import backend, devicemap, events
 from dmlshim.backend import _index
-from dmlshim.patching import Patch, called_from_torch
+from dmlshim.patching import Patch, called_from_torch, get_original
 
 
 class UnsupportedCudaAPI(RuntimeError):
     """A torch.cuda API with no DirectML/CPU equivalent."""
+
+
+# Emulations take exactly torch's parameters (names, defaults, / and * markers): scripts call
+# them by keyword (timm: torch.cuda.stream(stream=s)). Where torch releases differ, the
+# emulation follows the installed torch; tests/test_signatures.py compares them all.
+def _torch_signature(name: str) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(get_original(torch.cuda, name))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _torch_params(name: str) -> Dict[str, inspect.Parameter]:
+    sig = _torch_signature(name)
+    return dict(sig.parameters) if sig is not None else {}
 
 
 # -- Streams and events: host-clock timing after a device sync -----------------------------
@@ -52,12 +71,25 @@ _EventBase, _StreamBase = _dynamo_bases()
 class Event(_EventBase):  # type: ignore[misc, valid-type]
     """torch.cuda.Event on a target without CUDA: records the host clock after a device sync."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, external: bool = False) -> None:
+    if "external" in _torch_params("Event"):  # torch >= 2.7
+        def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                     interprocess: bool = False, external: bool = False) -> None:
+            self._setup(enable_timing, blocking)
+    else:
+        def __init__(self, enable_timing: bool = False, blocking: bool = False,  # type: ignore[misc]
+                     interprocess: bool = False) -> None:
+            self._setup(enable_timing, blocking)
+
+    def _setup(self, enable_timing: bool, blocking: bool) -> None:
         self.enable_timing = enable_timing
         self.blocking = blocking
         self._time: Optional[float] = None
         self._device = devicemap.current_index()
+
+    @classmethod
+    def from_ipc_handle(cls, device, handle):
+        raise UnsupportedCudaAPI("dmlshim: torch.cuda.Event.from_ipc_handle has no DirectML/CPU "
+                                 "equivalent; share tensors through torch.multiprocessing")
 
     def record(self, stream: Any = None) -> None:
         backend.synchronize(self._device)
@@ -96,6 +128,10 @@ class Stream(_StreamBase):  # type: ignore[misc, valid-type]
         self.priority = priority
         self.cuda_stream = 0
         self._ctx: Optional[Any] = None
+
+    @staticmethod
+    def priority_range():
+        return (0, 0)  # one priority: every stream is an in-order queue on the device
 
     def synchronize(self) -> None:
         backend.synchronize(self.device_index)
@@ -150,36 +186,36 @@ def current_stream(device: Any = None) -> Stream:
     return _current_stream.get(idx) or default_stream(idx)
 
 
-def set_stream(s: Stream) -> None:
-    if s is not None:
-        _current_stream[s.device_index] = s
-
-
-@contextlib.contextmanager
-def stream(s: Optional[Stream]):
-    if s is None:
-        yield
-        return
-    prev = _current_stream.get(s.device_index)
-    _current_stream[s.device_index] = s
-    try:
-        yield
-    finally:
-        if prev is None:
-            _current_stream.pop(s.device_index, None)
-        else:
-            _current_stream[s.device_index] = prev
+def set_stream(stream: Stream):
+    if stream is not None:
+        _current_stream[stream.device_index] = stream
 
 
 class StreamContext:
-    def __init__(self, s: Optional[Stream]) -> None:
-        self._cm = stream(s)
+    """``with torch.cuda.stream(s):`` — ``s`` is the current stream of its device in the block."""
+
+    def __init__(self, stream: Optional[Stream]) -> None:
+        self.stream = stream
+        self._prev: Optional[Stream] = None
 
     def __enter__(self):
-        return self._cm.__enter__()
+        s = self.stream
+        if s is not None:
+            self._prev = _current_stream.get(s.device_index)
+            _current_stream[s.device_index] = s
 
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
+    def __exit__(self, type: Any, value: Any, traceback: Any):  # noqa: A002 - torch's names
+        s = self.stream
+        if s is None:
+            return
+        if self._prev is None:
+            _current_stream.pop(s.device_index, None)
+        else:
+            _current_stream[s.device_index] = self._prev
+
+
+def stream(stream: Optional[Stream]) -> StreamContext:
+    return StreamContext(stream)
 
 
 class device:  # noqa: N801 - mirrors torch.cuda.device
@@ -195,7 +231,7 @@ class device:  # noqa: N801 - mirrors torch.cuda.device
         self.prev_idx = devicemap.current_index()
         devicemap.set_current_index(self.idx)
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, type: Any, value: Any, traceback: Any) -> bool:  # noqa: A002
         if self.prev_idx != -1:
             devicemap.set_current_index(self.prev_idx)
         return False
@@ -215,12 +251,21 @@ _DeviceProperties = namedtuple(
     "L2_cache_size uuid gcnArchName")
 
 
-def get_device_properties(device: Any = None) -> Any:
+def _device_properties(device: Any) -> Any:
     idx = _index(device)
     # Capability (0, 0): no compute-capability-gated CUDA feature (bf16, TF32, flash attention)
     # exists on DirectML or the CPU, so scripts take their conservative branch.
     return _DeviceProperties(backend.device_name(idx), backend.total_memory(idx), 0, 0,
                              backend.processor_count(idx), False, False, 0, "", "")
+
+
+if _torch_params("get_device_properties").get("device", inspect.Parameter(
+        "device", inspect.Parameter.POSITIONAL_OR_KEYWORD)).default is inspect.Parameter.empty:
+    def get_device_properties(device: Any) -> Any:  # torch < 2.5: the device is required
+        return _device_properties(device)
+else:
+    def get_device_properties(device: Any = None) -> Any:  # type: ignore[misc]
+        return _device_properties(device)
 
 
 def get_device_capability(device: Any = None):
@@ -317,7 +362,8 @@ def set_rng_state_all(new_states) -> None:
         torch.set_rng_state(state)
 
 
-def make_graphed_callables(callables, sample_args, *args: Any, **kwargs: Any):
+def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False,
+                           pool=None):
     # Without CUDA graphs the eager callables are the correct (if slower) result.
     return callables
 
@@ -332,6 +378,9 @@ def current_device() -> int:
 
 def _unsupported(name: str, workaround: str) -> Callable[..., Any]:
     def fail(*args: Any, **kwargs: Any) -> Any:
+        sig = _torch_signature(name)
+        if sig is not None:  # arguments torch itself would refuse get torch's TypeError first
+            sig.bind(*args, **kwargs)
         t = devicemap.target()
         events.redirected("torch.cuda." + name, "", "error", tag="unsupported")
         raise UnsupportedCudaAPI(
@@ -349,18 +398,95 @@ def _shown(result: Any) -> Any:
     return type(result).__name__
 
 
-def _const(value: Any) -> Callable[..., Any]:
-    return lambda *args, **kwargs: value
-
-
 def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+# Small emulations, each with torch's own parameters.
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def init() -> None:
+    return None
+
+
+def empty_cache() -> None:
+    backend.empty_cache()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    return None
+
+
+def memory_usage(device: Any = None) -> int:
+    return 0
+
+
+def is_current_stream_capturing() -> bool:
+    return False
+
+
+def is_tf32_supported() -> bool:
+    return False
+
+
+def get_arch_list() -> list:
+    return []
+
+
+def get_gencode_flags() -> str:
+    return ""
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    return False
+
+
+def ipc_collect() -> None:
+    return None
+
+
+def set_per_process_memory_fraction(fraction, device: Any = None) -> None:
+    return None
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    return 1.0
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    return None
+
+
+def get_sync_debug_mode() -> int:
+    return 0
+
+
+def get_allocator_backend() -> str:
+    return "native"
+
+
+def host_memory_stats() -> Dict[str, Any]:
+    return {}
+
+
+def reset_peak_host_memory_stats() -> None:
+    return None
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    return None
+
+
 EMULATED: Dict[str, Callable[..., Any]] = {
-    "is_available": _const(True),
-    "is_initialized": _const(True),
-    "init": _noop,
+    "is_available": is_available,
+    "is_initialized": is_initialized,
+    "init": init,
     "device_count": device_count,
     "current_device": current_device,
     "set_device": set_device,
@@ -368,7 +494,7 @@ EMULATED: Dict[str, Callable[..., Any]] = {
     "get_device_properties": get_device_properties,
     "get_device_capability": get_device_capability,
     "synchronize": synchronize,
-    "empty_cache": lambda: backend.empty_cache(),
+    "empty_cache": empty_cache,
     "memory_allocated": memory_allocated,
     "memory_reserved": memory_allocated,
     "memory_cached": memory_allocated,
@@ -379,12 +505,12 @@ EMULATED: Dict[str, Callable[..., Any]] = {
     "reset_peak_memory_stats": reset_peak_memory_stats,
     "reset_max_memory_allocated": reset_peak_memory_stats,
     "reset_max_memory_cached": reset_peak_memory_stats,
-    "reset_accumulated_memory_stats": _noop,
+    "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
     "mem_get_info": mem_get_info,
     "memory_stats": memory_stats,
     "memory_stats_as_nested_dict": memory_stats,
     "memory_summary": memory_summary,
-    "memory_usage": lambda device=None: 0,
+    "memory_usage": memory_usage,
     "list_gpu_processes": list_gpu_processes,
     "manual_seed": manual_seed,
     "manual_seed_all": manual_seed,
@@ -399,22 +525,22 @@ EMULATED: Dict[str, Callable[..., Any]] = {
     "default_stream": default_stream,
     "set_stream": set_stream,
     "stream": stream,
-    "is_current_stream_capturing": _const(False),
+    "is_current_stream_capturing": is_current_stream_capturing,
     "is_bf16_supported": is_bf16_supported,
-    "is_tf32_supported": _const(False),
-    "get_arch_list": _const([]),
-    "get_gencode_flags": _const(""),
-    "can_device_access_peer": _const(False),
-    "ipc_collect": _noop,
-    "set_per_process_memory_fraction": _noop,
-    "get_per_process_memory_fraction": _const(1.0),
-    "set_sync_debug_mode": _noop,
-    "get_sync_debug_mode": _const(0),
-    "get_allocator_backend": _const("native"),
-    "host_memory_stats": _const({}),
-    "host_memory_stats_as_nested_dict": _const({}),
-    "reset_peak_host_memory_stats": _noop,
-    "reset_accumulated_host_memory_stats": _noop,
+    "is_tf32_supported": is_tf32_supported,
+    "get_arch_list": get_arch_list,
+    "get_gencode_flags": get_gencode_flags,
+    "can_device_access_peer": can_device_access_peer,
+    "ipc_collect": ipc_collect,
+    "set_per_process_memory_fraction": set_per_process_memory_fraction,
+    "get_per_process_memory_fraction": get_per_process_memory_fraction,
+    "set_sync_debug_mode": set_sync_debug_mode,
+    "get_sync_debug_mode": get_sync_debug_mode,
+    "get_allocator_backend": get_allocator_backend,
+    "host_memory_stats": host_memory_stats,
+    "host_memory_stats_as_nested_dict": host_memory_stats,
+    "reset_peak_host_memory_stats": reset_peak_host_memory_stats,
+    "reset_accumulated_host_memory_stats": reset_accumulated_host_memory_stats,
     "make_graphed_callables": make_graphed_callables,
 }
 
@@ -488,26 +614,129 @@ ACCEPTED = {
     "sparse", "streams", "tunable",
 }
 
-# torch.accelerator (torch >= 2.6) answered for the script as on a CUDA machine.
-ACCELERATOR: Dict[str, Callable[..., Any]] = {
-    "is_available": _const(True),
-    "current_accelerator": lambda check_available=False: torch.device("cuda"),
-    "device_count": device_count,
-    "current_device_index": current_device,
-    "current_device_idx": current_device,
-    "set_device_index": set_device,
-    "set_device_idx": set_device,
-    "synchronize": synchronize,
-    "empty_cache": lambda: backend.empty_cache(),
-    "memory_allocated": memory_allocated,
-    "memory_reserved": memory_allocated,
-    "max_memory_allocated": max_memory_allocated,
-    "max_memory_reserved": max_memory_allocated,
-    "reset_peak_memory_stats": reset_peak_memory_stats,
-    "get_memory_info": mem_get_info,
-    "memory_stats": memory_stats,
-    "get_device_capability": lambda device=None: {"major": 0, "minor": 0},
+# torch.accelerator (torch >= 2.6) answered for the script as on a CUDA machine, with torch
+# 2.13's parameters. On older torch (2.4.1, what torch-directml pins) the shim installs a
+# stand-in module with these names, so scripts written for newer torch run there too.
+class _Accelerator:
+    """Namespace of the torch.accelerator emulations (torch's names, torch's parameters)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def current_accelerator(check_available: bool = False) -> torch.device:
+        return torch.device("cuda")
+
+    @staticmethod
+    def device_count() -> int:
+        return device_count()
+
+    @staticmethod
+    def current_device_index() -> int:
+        return devicemap.current_index()
+
+    @staticmethod
+    def set_device_index(device: Any, /) -> None:
+        set_device(device)
+
+    @staticmethod
+    def synchronize(device: Any = None, /) -> None:
+        synchronize(device)
+
+    @staticmethod
+    def get_device_capability(device: Any = None, /) -> Dict[str, Any]:
+        _index(device)
+        return {"major": 0, "minor": 0}
+
+    @staticmethod
+    def current_stream(device: Any = None, /) -> Stream:
+        return current_stream(device)
+
+    @staticmethod
+    def set_stream(stream: Stream) -> None:
+        set_stream(stream)
+
+    # torch.accelerator.memory
+    @staticmethod
+    def empty_cache() -> None:
+        backend.empty_cache()
+
+    @staticmethod
+    def empty_host_cache() -> None:
+        return None
+
+    @staticmethod
+    def memory_allocated(device_index: Any = None, /) -> int:
+        return memory_allocated(device_index)
+
+    @staticmethod
+    def max_memory_allocated(device_index: Any = None, /) -> int:
+        return max_memory_allocated(device_index)
+
+    @staticmethod
+    def memory_stats(device_index: Any = None, /) -> Dict[str, Any]:
+        return OrderedDict(memory_stats(device_index))
+
+    @staticmethod
+    def reset_peak_memory_stats(device_index: Any = None, /) -> None:
+        reset_peak_memory_stats(device_index)
+
+    @staticmethod
+    def reset_accumulated_memory_stats(device_index: Any = None, /) -> None:
+        _index(device_index)
+
+    @staticmethod
+    def get_memory_info(device_index: Any = None, /) -> Tuple[int, int]:
+        return mem_get_info(device_index)
+
+
+class accelerator_device_index:  # noqa: N801 - mirrors torch.accelerator.device_index
+    """``with torch.accelerator.device_index(i):`` — the current adapter for the block."""
+
+    def __init__(self, device: Optional[int], /) -> None:
+        self.idx = device
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx is not None:
+            self.prev_idx = devicemap.current_index()
+            set_device(self.idx)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.idx is not None:
+            devicemap.set_current_index(self.prev_idx)
+
+
+_acc = _Accelerator
+ACCELERATOR_MEMORY: Dict[str, Callable[..., Any]] = {
+    "empty_cache": _acc.empty_cache,
+    "empty_host_cache": _acc.empty_host_cache,
+    "memory_allocated": _acc.memory_allocated,
+    "memory_reserved": _acc.memory_allocated,
+    "max_memory_allocated": _acc.max_memory_allocated,
+    "max_memory_reserved": _acc.max_memory_allocated,
+    "memory_stats": _acc.memory_stats,
+    "reset_peak_memory_stats": _acc.reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": _acc.reset_accumulated_memory_stats,
+    "get_memory_info": _acc.get_memory_info,
 }
+ACCELERATOR: Dict[str, Callable[..., Any]] = {
+    "is_available": _acc.is_available,
+    "current_accelerator": _acc.current_accelerator,
+    "device_count": _acc.device_count,
+    "current_device_index": _acc.current_device_index,
+    "current_device_idx": _acc.current_device_index,
+    "set_device_index": _acc.set_device_index,
+    "set_device_idx": _acc.set_device_index,
+    "synchronize": _acc.synchronize,
+    "get_device_capability": _acc.get_device_capability,
+    "current_stream": _acc.current_stream,
+    "set_stream": _acc.set_stream,
+    **ACCELERATOR_MEMORY,  # torch.accelerator re-exports torch.accelerator.memory's functions
+}
+ACCELERATOR_CLASSES: Dict[str, type] = {"device_index": accelerator_device_index}
+
 
 NVTX_NOOPS = ("range_push", "range_pop", "range_start", "range_end", "mark", "range")
 
@@ -550,8 +779,19 @@ class CudaAPIPatch(Patch):
             for name, emulation in ACCELERATOR.items():
                 if hasattr(accelerator, name):
                     self.wrap(accelerator, name, route(name, emulation, "torch.accelerator." + name))
+            memory = getattr(accelerator, "memory", None)
+            for name, emulation in ACCELERATOR_MEMORY.items():
+                if memory is not None and hasattr(memory, name):
+                    self.wrap(memory, name,
+                              route(name, emulation, "torch.accelerator.memory." + name))
         if passthrough:
             return
+        if accelerator is None:
+            self._install_accelerator_stand_in(route)
+        else:
+            for name, cls in ACCELERATOR_CLASSES.items():
+                if hasattr(accelerator, name):
+                    self.replace(accelerator, name, cls)
         for name, cls in EMULATED_CLASSES.items():
             if hasattr(cuda, name):
                 self.replace(cuda, name, cls)
@@ -581,6 +821,43 @@ class CudaAPIPatch(Patch):
             if hasattr(nvtx, name):
                 self.replace(nvtx, name, _nvtx_range if name == "range" else _noop)
         self._install_backend_flags()
+
+    def _install_accelerator_stand_in(self, route) -> None:
+        """torch < 2.6: a ``torch.accelerator`` (and ``.memory``) with newer torch's API.
+
+        Only user code can call it (this torch has no caller of its own), and it leaves
+        ``torch`` and ``sys.modules`` exactly as found at uninstall.
+        """
+        def module(name: str, table: Dict[str, Callable[..., Any]]) -> types.ModuleType:
+            mod = types.ModuleType(name, f"dmlshim stand-in for {name} of torch >= 2.6")
+            for fname, emulation in table.items():
+                setattr(mod, fname, wrapt.FunctionWrapper(emulation, route(
+                    fname, emulation, f"{name}.{fname}")))
+            mod.__all__ = sorted(table)  # type: ignore[attr-defined]
+            return mod
+
+        acc = module("torch.accelerator", ACCELERATOR)
+        for name, cls in ACCELERATOR_CLASSES.items():
+            setattr(acc, name, cls)
+        acc.__all__ = sorted(list(ACCELERATOR) + list(ACCELERATOR_CLASSES))  # type: ignore[attr-defined]
+        acc.memory = module("torch.accelerator.memory", ACCELERATOR_MEMORY)  # type: ignore[attr-defined]
+        # Not through replace(): there is no original to record, and uninstall deletes it.
+        torch.accelerator = acc  # type: ignore[attr-defined]
+        mods = {"torch.accelerator": acc, "torch.accelerator.memory": acc.memory}  # type: ignore[attr-defined]
+        found = {name: sys.modules.get(name) for name in mods}
+        sys.modules.update(mods)
+
+        def restore() -> None:
+            if vars(torch).get("accelerator") is acc:
+                delattr(torch, "accelerator")
+            for name, mod in mods.items():
+                if sys.modules.get(name) is mod:
+                    if found[name] is None:
+                        del sys.modules[name]
+                    else:
+                        sys.modules[name] = found[name]  # type: ignore[assignment]
+
+        self.on_undo(restore)
 
     def _install_backend_flags(self) -> None:
         # torch.backends.cudnn/cuda flags are plain settable attributes already; only the
