@@ -339,6 +339,17 @@ def redispatch(func, plan: _policy.Plan, args, kwargs):
     return func.redispatch(_PU1, *args, **kwargs)
 
 
+def _device_bytes(value) -> int:
+    """Bytes of the emulated tensors in ``value`` (nested tuples, lists, dicts)."""
+    if type(value) is EmuTensor:
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_device_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_device_bytes(v) for v in value.values())
+    return 0
+
+
 def _fallback_call(func, plan: _policy.Plan, args, kwargs):
     # C++-registered PrivateUse1 kernels are invisible to the torch.library set checked in
     # __torch_dispatch__; look them up exactly here, where the cost does not matter.
@@ -351,7 +362,10 @@ def _fallback_call(func, plan: _policy.Plan, args, kwargs):
     if state.fallback:
         _fallback.record(plan.fallback_name)
         cargs, ckwargs, index, wrap_results = unwrap(plan, args, kwargs)
+        to_host = _device_bytes((args, kwargs))
         # torch-directml's fallback runs the CPU kernel, which may not exist
         # (aten::_thnn_fused_lstm_cell): the NotImplementedError comes from the CPU, as there.
-        return finish(plan, args, kwargs, func(*cargs, **ckwargs), index, wrap_results)
+        result = finish(plan, args, kwargs, func(*cargs, **ckwargs), index, wrap_results)
+        _fallback.record_bytes(plan.fallback_name, to_host, _device_bytes(result))
+        return result
     return run_on_cpu(func, plan, args, kwargs)
