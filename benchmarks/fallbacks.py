@@ -13,6 +13,18 @@ training steps the script printed. Two kinds of workloads:
 * the test corpus (tests/corpus/{mlp,cnn,lstm_lm,transformer}.py, one epoch): whole scripts,
   including their validation passes.
 
+``--zoo`` trains the model zoo of ``benchmarks/zoo/train.py`` (ResNet-50, ViT, GPT-2, BERT, a
+diffusers UNet with its DDPM schedule, YOLOv8n with its own loss, an LSTM LM, a DCGAN, a GRU
+seq2seq with attention, a VAE, an ELU/SELU MLP, a Huber regressor, a graph network, a box
+detector) for a few steps, each with its CUDA recipe (AdamW, autocast, GradScaler, gradient
+clipping), in float32 (``DMLSHIM_AMP=off``) and float16 (``DMLSHIM_AMP=fp16`` with the
+emulator's ``autocast`` gap off, so that autocast and the scaler really run on the device as
+they do on CUDA; torch-directml 0.2.5 itself cannot autocast, #454), and reports per
+steady-state step (the first step, a warm-up, is left out) the distinct ops that fell back,
+their calls and the bytes they copied between host and device (the report's
+``cpu_fallbacks.bytes``). ``--before-repo`` runs the same with another checkout of dmlshim
+(the code before a change) for a before/after table.
+
 ``--speed`` also times the optimizer workloads with decompositions on, PyTorch's default
 (``foreach``) against ``foreach=False``, alternating runs (steps/s of the timed loop, median).
 The emulator runs every op through Python on the CPU: the ratio says how the two paths compare
@@ -20,6 +32,8 @@ in op count and Python overhead there, not how fast a GPU runs them.
 
     python benchmarks/fallbacks.py                 # markdown tables on stdout
     python benchmarks/fallbacks.py --speed --runs 5 --json out.jsonl
+    python benchmarks/fallbacks.py --zoo --python /work/venvs/fw241/bin/python \
+        --before-repo /tmp/before --json zoo.jsonl
 """
 
 from __future__ import annotations
@@ -40,6 +54,17 @@ CORPUS = os.path.join(REPO, "tests", "corpus")
 OPTIMIZERS = ("Adam", "AdamW", "SGD", "RMSprop")
 OPTIMIZER_LABELS = {"Adam": "Adam", "AdamW": "AdamW", "SGD": "SGD+momentum", "RMSprop": "RMSprop"}
 CORPUS_SCRIPTS = ("mlp", "cnn", "lstm_lm", "transformer")
+ZOO = os.path.join(HERE, "zoo", "train.py")
+ZOO_MODELS = ("resnet50", "vit", "gpt2", "bert", "unet", "yolov8n", "lstm_lm", "dcgan", "seq2seq",
+              "vae", "elu_mlp", "huber", "gnn", "detector")
+ZOO_LABELS = {"resnet50": "ResNet-50 (timm)", "vit": "ViT (timm)", "gpt2": "GPT-2 (transformers)",
+              "bert": "BERT MLM (transformers)", "unet": "UNet2DModel + DDPM (diffusers)",
+              "yolov8n": "YOLOv8n + its loss (ultralytics)", "lstm_lm": "LSTM LM",
+              "dcgan": "DCGAN", "seq2seq": "GRU seq2seq + attention", "vae": "VAE (torch.normal)",
+              "elu_mlp": "ELU/SELU/CELU MLP", "huber": "Huber + SmoothL1 regressor",
+              "gnn": "graph network (index_add_)", "detector": "box detector (clamp.Tensor)"}
+# float16 on the emulator: every gap but autocast (torch-directml 0.2.5 cannot autocast, #454)
+FP16_GAPS = "fallback,float64,generator"
 LOSS_STEP_RE = re.compile(r"^loss \d+ \d+ ")  # training steps, not "loss 1 val ..."
 
 
@@ -170,6 +195,26 @@ class Run:
         return sum(1 for line in self.proc.stdout.splitlines() if LOSS_STEP_RE.match(line))
 
     @property
+    def measured_steps(self) -> int:
+        value = self.value("measured_steps")
+        return int(value) if value is not None else self.steps
+
+    @property
+    def warmup_fallbacks(self) -> Dict[str, int]:
+        for line in self.proc.stdout.splitlines():
+            if line.startswith("warmup_fallbacks "):
+                return dict(json.loads(line.split(" ", 1)[1]))
+        return {}
+
+    @property
+    def bytes(self) -> Dict[str, Tuple[int, int]]:
+        """{op: (to_host, to_device)} over the counted steps (empty if the report has none)."""
+        if self.report is None:
+            return {}
+        raw = self.report.get("cpu_fallbacks", {}).get("bytes", {})
+        return {op: (int(v["to_host"]), int(v["to_device"])) for op, v in raw.items()}
+
+    @property
     def fallbacks(self) -> Dict[str, int]:
         if self.report is None:
             return {}
@@ -182,11 +227,12 @@ class Run:
 
 
 def run_shim(script: str, args: Sequence[str], decompose: str, python: str,
-             timeout: float) -> Run:
+             timeout: float, repo: str = REPO, **options: str) -> Run:
     with tempfile.TemporaryDirectory(prefix="dmlshim-fallbacks-") as tmp:
         report_path = os.path.join(tmp, "report.json")
         env = clean_env(DMLSHIM_DEVICE="emulated-dml", DMLSHIM_DECOMPOSE=decompose,
-                        DMLSHIM_REPORT=report_path)
+                        DMLSHIM_REPORT=report_path, **options)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
         proc = subprocess.run([python, "-m", "dmlshim", script, *args], capture_output=True,
                               text=True, env=env, cwd=tmp, timeout=timeout)
         report = None
@@ -221,6 +267,68 @@ def table(rows: List[Tuple[str, Run, Run]]) -> str:
     for name, off, on in rows:
         out.append(f"| {name} | {per_step(off)} | {per_step(on)} | {ops_cell(off)} | "
                    f"{ops_cell(on)} |")
+    return "\n".join(out)
+
+
+def _per(value: float, steps: int) -> str:
+    per = value / steps if steps else float(value)
+    return f"{per:.2f}".rstrip("0").rstrip(".") if per else "0"
+
+
+def _kib(nbytes: float) -> str:
+    return "0" if not nbytes else f"{nbytes / 1024:.1f} KiB"
+
+
+def zoo_cells(run: Run) -> Tuple[str, str, str]:
+    """(calls per step, ops with calls per step, bytes per step host->device / device->host)."""
+    steps = run.measured_steps
+    ops = run.fallbacks
+    if not run.ok:
+        return (f"fails ({run.error}, after {sum(ops.values())} fallback(s))", "-", "-")
+    calls = _per(sum(ops.values()), steps)
+    names = ", ".join(f"`{op.split('::', 1)[-1]}` {_per(n, steps)}"
+                      for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
+    moved = run.bytes
+    to_host = sum(a for a, _ in moved.values())
+    to_device = sum(b for _, b in moved.values())
+    traffic = "0" if not (to_host or to_device) else (
+        f"{_kib(to_host / max(steps, 1))} / {_kib(to_device / max(steps, 1))}")
+    return calls, names, traffic
+
+
+def zoo(args: argparse.Namespace, emit) -> str:
+    sides = [("after", REPO)]
+    if args.before_repo:
+        sides.insert(0, ("before", os.path.abspath(args.before_repo)))
+    head = "| model | precision |"
+    rule = "|---|---|"
+    for side, _ in sides:
+        head += (f" {side}: fallback calls per step | {side}: ops (calls per step) | "
+                 f"{side}: bytes per step, to host / to device |")
+        rule += "---|---|---|"
+    out = [head, rule]
+    for model in args.zoo:
+        for amp in ("off", "fp16"):
+            label = "float32" if amp == "off" else "float16 + GradScaler"
+            row = f"| {ZOO_LABELS[model]} | {label} |"
+            options = {"DMLSHIM_AMP": amp}
+            if amp == "fp16":
+                options["DMLSHIM_EMULATOR_GAPS"] = FP16_GAPS
+            for side, repo in sides:
+                run = run_shim(ZOO, ["--model", model, "--steps", str(args.zoo_steps)], "on",
+                               args.python, args.timeout, repo=repo, **options)
+                if not run.ok:
+                    sys.stderr.write(f"{model} {amp} {side}: {run.proc.stderr[-1500:]}\n")
+                elif run.value("scaler_enabled") != (1.0 if amp == "fp16" else 0.0):
+                    raise RuntimeError(f"{model} {amp}: the scaler is not what DMLSHIM_AMP={amp} "
+                                       "should give (float16 did not run?)")
+                emit({"bench": "zoo", "model": model, "amp": amp, "side": side, "ok": run.ok,
+                      "measured_steps": run.measured_steps, "ops": run.fallbacks,
+                      "bytes": {k: list(v) for k, v in run.bytes.items()},
+                      "warmup_ops": run.warmup_fallbacks})
+                row += " {} | {} | {} |".format(*zoo_cells(run))
+            out.append(row)
+            print(row, file=sys.stderr, flush=True)
     return "\n".join(out)
 
 
@@ -273,6 +381,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--python", default=sys.executable, help="interpreter to run the scripts")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="append one JSON line per result here")
+    p.add_argument("--zoo", nargs="*", default=None, choices=ZOO_MODELS,
+                   help="train the model zoo (all models if none named) instead of the "
+                        "workloads above")
+    p.add_argument("--zoo-steps", type=int, default=4, help="steps per zoo run (1 warm-up)")
+    p.add_argument("--before-repo", default=None,
+                   help="a checkout of dmlshim to run the zoo with for the 'before' columns")
     args = p.parse_args(argv)
 
     def emit(row: Dict[str, object]) -> None:
@@ -282,6 +396,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True).stdout.strip()
+    if args.zoo is not None:
+        args.zoo = args.zoo or list(ZOO_MODELS)
+        print(f"CPU fallbacks per training step of the model zoo, emulated-dml, torch {version}, "
+              f"{args.zoo_steps - 1} steady-state steps after a warm-up\n")
+        print(zoo(args, emit))
+        return
     me = os.path.abspath(__file__)
     rows: List[Tuple[str, Run, Run]] = []
     for name in args.optimizers:

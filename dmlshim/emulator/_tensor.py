@@ -350,6 +350,25 @@ def _device_bytes(value) -> int:
     return 0
 
 
+def _copied_back(func, args, kwargs, result) -> int:
+    """Bytes a fallback copies back: its new results and every argument it wrote (in-place and
+    out= arguments, also of ops that return nothing, like ``_amp_foreach_*_``)."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            written.append(args[i] if i < len(args) and not arg.kwarg_only
+                           else kwargs.get(arg.name))
+    seen = {id(t) for t in _leaves(written)}
+    fresh = [t for t in _leaves(result) if id(t) not in seen]
+    return _device_bytes(written) + _device_bytes(fresh)
+
+
+def _leaves(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _leaves(v)]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
 def _fallback_call(func, plan: _policy.Plan, args, kwargs):
     # C++-registered PrivateUse1 kernels are invisible to the torch.library set checked in
     # __torch_dispatch__; look them up exactly here, where the cost does not matter.
@@ -366,6 +385,7 @@ def _fallback_call(func, plan: _policy.Plan, args, kwargs):
         # torch-directml's fallback runs the CPU kernel, which may not exist
         # (aten::_thnn_fused_lstm_cell): the NotImplementedError comes from the CPU, as there.
         result = finish(plan, args, kwargs, func(*cargs, **ckwargs), index, wrap_results)
-        _fallback.record_bytes(plan.fallback_name, to_host, _device_bytes(result))
+        _fallback.record_bytes(plan.fallback_name, to_host, _copied_back(func, args, kwargs,
+                                                                         result))
         return result
     return run_on_cpu(func, plan, args, kwargs)
