@@ -279,38 +279,92 @@ def _kib(nbytes: float) -> str:
     return "0" if not nbytes else f"{nbytes / 1024:.1f} KiB"
 
 
-def zoo_cells(run: Run) -> Tuple[str, str, str]:
-    """(calls per step, ops with calls per step, bytes per step host->device / device->host)."""
-    steps = run.measured_steps
-    ops = run.fallbacks
-    if not run.ok:
-        return (f"fails ({run.error}, after {sum(ops.values())} fallback(s))", "-", "-")
-    calls = _per(sum(ops.values()), steps)
-    names = ", ".join(f"`{op.split('::', 1)[-1]}` {_per(n, steps)}"
-                      for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
-    moved = run.bytes
-    to_host = sum(a for a, _ in moved.values())
-    to_device = sum(b for _, b in moved.values())
+def zoo_record(model: str, amp: str, side: str, run: Run) -> Dict[str, object]:
+    """One zoo run as a JSON row (what the tables are made from; ``--zoo-from`` reads them)."""
+    return {"bench": "zoo", "model": model, "amp": amp, "side": side, "ok": run.ok,
+            "error": "" if run.ok else run.error, "measured_steps": run.measured_steps,
+            "ops": run.fallbacks, "bytes": {k: list(v) for k, v in run.bytes.items()},
+            "warmup_ops": run.warmup_fallbacks}
+
+
+def _ops_text(ops: Dict[str, int], steps: int) -> str:
+    return ", ".join(f"`{op.split('::', 1)[-1]}` {_per(n, steps)}"
+                     for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def zoo_cells(rec: Dict[str, object]) -> Tuple[str, str, str]:
+    """(calls per step, ops with calls per step, bytes per step to host / to device)."""
+    steps = int(rec["measured_steps"])  # type: ignore[arg-type]
+    ops: Dict[str, int] = dict(rec["ops"])  # type: ignore[arg-type]
+    if not rec["ok"]:
+        return (f"fails ({rec.get('error') or 'error'}, after {sum(ops.values())} fallback(s))",
+                "-", "-")
+    names = _ops_text(ops, steps) or "-"
+    warmup: Dict[str, int] = dict(rec.get("warmup_ops") or {})  # type: ignore[arg-type]
+    only_first = {op: n for op, n in warmup.items() if op not in ops}
+    if only_first:  # setup work done once, in the first step (e.g. a schedule's cumprod)
+        names += f" (first step only: {_ops_text(only_first, 1)})"
+    moved = dict(rec.get("bytes") or {})  # type: ignore[arg-type]
+    to_host = sum(v[0] for v in moved.values())
+    to_device = sum(v[1] for v in moved.values())
     traffic = "0" if not (to_host or to_device) else (
         f"{_kib(to_host / max(steps, 1))} / {_kib(to_device / max(steps, 1))}")
-    return calls, names, traffic
+    return _per(sum(ops.values()), steps), names, traffic
+
+
+def cost_table(records: List[Dict[str, object]], side: str) -> str:
+    """Per operator and run of ``side``: calls per steady-state step and the bytes one call
+    copies to the host and back, i.e. what each fallback costs where it happens."""
+    out = ["| operator | model, precision | calls per step | bytes per call, to host / to device |",
+           "|---|---|---|---|"]
+    rows = []
+    for rec in records:
+        if rec["side"] != side or not rec["ok"]:
+            continue
+        steps = max(int(rec["measured_steps"]), 1)  # type: ignore[arg-type]
+        moved = dict(rec.get("bytes") or {})  # type: ignore[arg-type]
+        for op, n in dict(rec["ops"]).items():  # type: ignore[arg-type]
+            host, device = moved.get(op, (0, 0))
+            precision = "float16" if rec["amp"] == "fp16" else "float32"
+            rows.append((op, ZOO_MODELS.index(str(rec["model"])), rec["amp"] != "fp16",
+                         f"| `{op}` | {ZOO_LABELS[str(rec['model'])]}, {precision} | "
+                         f"{_per(n, steps)} | {_kib(host / n)} / {_kib(device / n)} |"))
+    if not rows:
+        return f"No operator fell back in a steady-state step of any zoo run ({side})."
+    return "\n".join(out + [r[-1] for r in sorted(rows)])
+
+
+def zoo_tables(records: List[Dict[str, object]]) -> str:
+    """The before/after table (one row per model and precision) and a cost table per side."""
+    sides = [side for side in ("before", "after") if any(r["side"] == side for r in records)]
+    head, rule = "| model | precision |", "|---|---|"
+    for side in sides:
+        head += (f" {side}: fallback calls per step | {side}: ops (calls per step) | "
+                 f"{side}: bytes per step, to host / to device |")
+        rule += "---|---|---|"
+    out = [head, rule]
+    index = {(r["model"], r["amp"], r["side"]): r for r in records}
+    for model in ZOO_MODELS:
+        for amp in ("off", "fp16"):
+            if not any((model, amp, side) in index for side in sides):
+                continue
+            row = f"| {ZOO_LABELS[model]} | {'float32' if amp == 'off' else 'float16 + GradScaler'} |"
+            for side in sides:
+                rec = index.get((model, amp, side))
+                row += " {} | {} | {} |".format(*zoo_cells(rec)) if rec else " - | - | - |"
+            out.append(row)
+    costs = [f"\nCost of each fallback, {side}:\n\n{cost_table(records, side)}"
+             for side in sides]
+    return "\n".join(out) + "\n" + "\n".join(costs)
 
 
 def zoo(args: argparse.Namespace, emit) -> str:
     sides = [("after", REPO)]
     if args.before_repo:
         sides.insert(0, ("before", os.path.abspath(args.before_repo)))
-    head = "| model | precision |"
-    rule = "|---|---|"
-    for side, _ in sides:
-        head += (f" {side}: fallback calls per step | {side}: ops (calls per step) | "
-                 f"{side}: bytes per step, to host / to device |")
-        rule += "---|---|---|"
-    out = [head, rule]
+    records: List[Dict[str, object]] = []
     for model in args.zoo:
         for amp in ("off", "fp16"):
-            label = "float32" if amp == "off" else "float16 + GradScaler"
-            row = f"| {ZOO_LABELS[model]} | {label} |"
             options = {"DMLSHIM_AMP": amp}
             if amp == "fp16":
                 options["DMLSHIM_EMULATOR_GAPS"] = FP16_GAPS
@@ -322,14 +376,12 @@ def zoo(args: argparse.Namespace, emit) -> str:
                 elif run.value("scaler_enabled") != (1.0 if amp == "fp16" else 0.0):
                     raise RuntimeError(f"{model} {amp}: the scaler is not what DMLSHIM_AMP={amp} "
                                        "should give (float16 did not run?)")
-                emit({"bench": "zoo", "model": model, "amp": amp, "side": side, "ok": run.ok,
-                      "measured_steps": run.measured_steps, "ops": run.fallbacks,
-                      "bytes": {k: list(v) for k, v in run.bytes.items()},
-                      "warmup_ops": run.warmup_fallbacks})
-                row += " {} | {} | {} |".format(*zoo_cells(run))
-            out.append(row)
-            print(row, file=sys.stderr, flush=True)
-    return "\n".join(out)
+                rec = zoo_record(model, amp, side, run)
+                emit(rec)
+                records.append(rec)
+                print(f"{model} {amp} {side}: " + " | ".join(zoo_cells(rec)), file=sys.stderr,
+                      flush=True)
+    return zoo_tables(records)
 
 
 def speed(args: argparse.Namespace, emit) -> str:
@@ -387,6 +439,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--zoo-steps", type=int, default=4, help="steps per zoo run (1 warm-up)")
     p.add_argument("--before-repo", default=None,
                    help="a checkout of dmlshim to run the zoo with for the 'before' columns")
+    p.add_argument("--zoo-from", default=None,
+                   help="print the zoo tables from the JSON rows of an earlier --zoo --json run")
     args = p.parse_args(argv)
 
     def emit(row: Dict[str, object]) -> None:
@@ -394,6 +448,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             with open(args.json, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
 
+    if args.zoo_from:
+        with open(args.zoo_from, encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        print(zoo_tables([r for r in rows if r.get("bench") == "zoo"]))
+        return
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True).stdout.strip()
     if args.zoo is not None:
