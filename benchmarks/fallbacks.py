@@ -13,6 +13,18 @@ training steps the script printed. Two kinds of workloads:
 * the test corpus (tests/corpus/{mlp,cnn,lstm_lm,transformer}.py, one epoch): whole scripts,
   including their validation passes.
 
+``--zoo`` trains the model zoo of ``benchmarks/zoo/train.py`` (ResNet-50, ViT, GPT-2, BERT, a
+diffusers UNet with its DDPM schedule, YOLOv8n with its own loss, an LSTM LM, a DCGAN, a GRU
+seq2seq with attention, a VAE, an ELU/SELU MLP, a Huber regressor, a graph network, a box
+detector) for a few steps, each with its CUDA recipe (AdamW, autocast, GradScaler, gradient
+clipping), in float32 (``DMLSHIM_AMP=off``) and float16 (``DMLSHIM_AMP=fp16`` with the
+emulator's ``autocast`` gap off, so that autocast and the scaler really run on the device as
+they do on CUDA; torch-directml 0.2.5 itself cannot autocast, #454), and reports per
+steady-state step (the first step, a warm-up, is left out) the distinct ops that fell back,
+their calls and the bytes they copied between host and device (the report's
+``cpu_fallbacks.bytes``). ``--before-repo`` runs the same with another checkout of dmlshim
+(the code before a change) for a before/after table.
+
 ``--speed`` also times the optimizer workloads with decompositions on, PyTorch's default
 (``foreach``) against ``foreach=False``, alternating runs (steps/s of the timed loop, median).
 The emulator runs every op through Python on the CPU: the ratio says how the two paths compare
@@ -20,6 +32,8 @@ in op count and Python overhead there, not how fast a GPU runs them.
 
     python benchmarks/fallbacks.py                 # markdown tables on stdout
     python benchmarks/fallbacks.py --speed --runs 5 --json out.jsonl
+    python benchmarks/fallbacks.py --zoo --python /work/venvs/fw241/bin/python \
+        --before-repo /tmp/before --json zoo.jsonl
 """
 
 from __future__ import annotations
@@ -40,6 +54,17 @@ CORPUS = os.path.join(REPO, "tests", "corpus")
 OPTIMIZERS = ("Adam", "AdamW", "SGD", "RMSprop")
 OPTIMIZER_LABELS = {"Adam": "Adam", "AdamW": "AdamW", "SGD": "SGD+momentum", "RMSprop": "RMSprop"}
 CORPUS_SCRIPTS = ("mlp", "cnn", "lstm_lm", "transformer")
+ZOO = os.path.join(HERE, "zoo", "train.py")
+ZOO_MODELS = ("resnet50", "vit", "gpt2", "bert", "unet", "yolov8n", "lstm_lm", "dcgan", "seq2seq",
+              "vae", "elu_mlp", "huber", "gnn", "detector")
+ZOO_LABELS = {"resnet50": "ResNet-50 (timm)", "vit": "ViT (timm)", "gpt2": "GPT-2 (transformers)",
+              "bert": "BERT MLM (transformers)", "unet": "UNet2DModel + DDPM (diffusers)",
+              "yolov8n": "YOLOv8n + its loss (ultralytics)", "lstm_lm": "LSTM LM",
+              "dcgan": "DCGAN", "seq2seq": "GRU seq2seq + attention", "vae": "VAE (torch.normal)",
+              "elu_mlp": "ELU/SELU/CELU MLP", "huber": "Huber + SmoothL1 regressor",
+              "gnn": "graph network (index_add_)", "detector": "box detector (clamp.Tensor)"}
+# float16 on the emulator: every gap but autocast (torch-directml 0.2.5 cannot autocast, #454)
+FP16_GAPS = "fallback,float64,generator"
 LOSS_STEP_RE = re.compile(r"^loss \d+ \d+ ")  # training steps, not "loss 1 val ..."
 
 
@@ -170,6 +195,26 @@ class Run:
         return sum(1 for line in self.proc.stdout.splitlines() if LOSS_STEP_RE.match(line))
 
     @property
+    def measured_steps(self) -> int:
+        value = self.value("measured_steps")
+        return int(value) if value is not None else self.steps
+
+    @property
+    def warmup_fallbacks(self) -> Dict[str, int]:
+        for line in self.proc.stdout.splitlines():
+            if line.startswith("warmup_fallbacks "):
+                return dict(json.loads(line.split(" ", 1)[1]))
+        return {}
+
+    @property
+    def bytes(self) -> Dict[str, Tuple[int, int]]:
+        """{op: (to_host, to_device)} over the counted steps (empty if the report has none)."""
+        if self.report is None:
+            return {}
+        raw = self.report.get("cpu_fallbacks", {}).get("bytes", {})
+        return {op: (int(v["to_host"]), int(v["to_device"])) for op, v in raw.items()}
+
+    @property
     def fallbacks(self) -> Dict[str, int]:
         if self.report is None:
             return {}
@@ -182,11 +227,12 @@ class Run:
 
 
 def run_shim(script: str, args: Sequence[str], decompose: str, python: str,
-             timeout: float) -> Run:
+             timeout: float, repo: str = REPO, **options: str) -> Run:
     with tempfile.TemporaryDirectory(prefix="dmlshim-fallbacks-") as tmp:
         report_path = os.path.join(tmp, "report.json")
         env = clean_env(DMLSHIM_DEVICE="emulated-dml", DMLSHIM_DECOMPOSE=decompose,
-                        DMLSHIM_REPORT=report_path)
+                        DMLSHIM_REPORT=report_path, **options)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
         proc = subprocess.run([python, "-m", "dmlshim", script, *args], capture_output=True,
                               text=True, env=env, cwd=tmp, timeout=timeout)
         report = None
@@ -222,6 +268,120 @@ def table(rows: List[Tuple[str, Run, Run]]) -> str:
         out.append(f"| {name} | {per_step(off)} | {per_step(on)} | {ops_cell(off)} | "
                    f"{ops_cell(on)} |")
     return "\n".join(out)
+
+
+def _per(value: float, steps: int) -> str:
+    per = value / steps if steps else float(value)
+    return f"{per:.2f}".rstrip("0").rstrip(".") if per else "0"
+
+
+def _kib(nbytes: float) -> str:
+    return "0" if not nbytes else f"{nbytes / 1024:.1f} KiB"
+
+
+def zoo_record(model: str, amp: str, side: str, run: Run) -> Dict[str, object]:
+    """One zoo run as a JSON row (what the tables are made from; ``--zoo-from`` reads them)."""
+    return {"bench": "zoo", "model": model, "amp": amp, "side": side, "ok": run.ok,
+            "error": "" if run.ok else run.error, "measured_steps": run.measured_steps,
+            "ops": run.fallbacks, "bytes": {k: list(v) for k, v in run.bytes.items()},
+            "warmup_ops": run.warmup_fallbacks}
+
+
+def _ops_text(ops: Dict[str, int], steps: int) -> str:
+    return ", ".join(f"`{op.split('::', 1)[-1]}` {_per(n, steps)}"
+                     for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def zoo_cells(rec: Dict[str, object]) -> Tuple[str, str, str]:
+    """(calls per step, ops with calls per step, bytes per step to host / to device)."""
+    steps = int(rec["measured_steps"])  # type: ignore[arg-type]
+    ops: Dict[str, int] = dict(rec["ops"])  # type: ignore[arg-type]
+    if not rec["ok"]:
+        return (f"fails ({rec.get('error') or 'error'}, after {sum(ops.values())} fallback(s))",
+                "-", "-")
+    names = _ops_text(ops, steps) or "-"
+    warmup: Dict[str, int] = dict(rec.get("warmup_ops") or {})  # type: ignore[arg-type]
+    only_first = {op: n for op, n in warmup.items() if op not in ops}
+    if only_first:  # setup work done once, in the first step (e.g. a schedule's cumprod)
+        names += f" (first step only: {_ops_text(only_first, 1)})"
+    moved = dict(rec.get("bytes") or {})  # type: ignore[arg-type]
+    to_host = sum(v[0] for v in moved.values())
+    to_device = sum(v[1] for v in moved.values())
+    traffic = "0" if not (to_host or to_device) else (
+        f"{_kib(to_host / max(steps, 1))} / {_kib(to_device / max(steps, 1))}")
+    return _per(sum(ops.values()), steps), names, traffic
+
+
+def cost_table(records: List[Dict[str, object]], side: str) -> str:
+    """Per operator and run of ``side``: calls per steady-state step and the bytes one call
+    copies to the host and back, i.e. what each fallback costs where it happens."""
+    out = ["| operator | model, precision | calls per step | bytes per call, to host / to device |",
+           "|---|---|---|---|"]
+    rows = []
+    for rec in records:
+        if rec["side"] != side or not rec["ok"]:
+            continue
+        steps = max(int(rec["measured_steps"]), 1)  # type: ignore[arg-type]
+        moved = dict(rec.get("bytes") or {})  # type: ignore[arg-type]
+        for op, n in dict(rec["ops"]).items():  # type: ignore[arg-type]
+            host, device = moved.get(op, (0, 0))
+            precision = "float16" if rec["amp"] == "fp16" else "float32"
+            rows.append((op, ZOO_MODELS.index(str(rec["model"])), rec["amp"] != "fp16",
+                         f"| `{op}` | {ZOO_LABELS[str(rec['model'])]}, {precision} | "
+                         f"{_per(n, steps)} | {_kib(host / n)} / {_kib(device / n)} |"))
+    if not rows:
+        return f"No operator fell back in a steady-state step of any zoo run ({side})."
+    return "\n".join(out + [r[-1] for r in sorted(rows)])
+
+
+def zoo_tables(records: List[Dict[str, object]]) -> str:
+    """The before/after table (one row per model and precision) and a cost table per side."""
+    sides = [side for side in ("before", "after") if any(r["side"] == side for r in records)]
+    head, rule = "| model | precision |", "|---|---|"
+    for side in sides:
+        head += (f" {side}: fallback calls per step | {side}: ops (calls per step) | "
+                 f"{side}: bytes per step, to host / to device |")
+        rule += "---|---|---|"
+    out = [head, rule]
+    index = {(r["model"], r["amp"], r["side"]): r for r in records}
+    for model in ZOO_MODELS:
+        for amp in ("off", "fp16"):
+            if not any((model, amp, side) in index for side in sides):
+                continue
+            row = f"| {ZOO_LABELS[model]} | {'float32' if amp == 'off' else 'float16 + GradScaler'} |"
+            for side in sides:
+                rec = index.get((model, amp, side))
+                row += " {} | {} | {} |".format(*zoo_cells(rec)) if rec else " - | - | - |"
+            out.append(row)
+    costs = [f"\nCost of each fallback, {side}:\n\n{cost_table(records, side)}"
+             for side in sides]
+    return "\n".join(out) + "\n" + "\n".join(costs)
+
+
+def zoo(args: argparse.Namespace, emit) -> str:
+    sides = [("after", REPO)]
+    if args.before_repo:
+        sides.insert(0, ("before", os.path.abspath(args.before_repo)))
+    records: List[Dict[str, object]] = []
+    for model in args.zoo:
+        for amp in ("off", "fp16"):
+            options = {"DMLSHIM_AMP": amp}
+            if amp == "fp16":
+                options["DMLSHIM_EMULATOR_GAPS"] = FP16_GAPS
+            for side, repo in sides:
+                run = run_shim(ZOO, ["--model", model, "--steps", str(args.zoo_steps)], "on",
+                               args.python, args.timeout, repo=repo, **options)
+                if not run.ok:
+                    sys.stderr.write(f"{model} {amp} {side}: {run.proc.stderr[-1500:]}\n")
+                elif run.value("scaler_enabled") != (1.0 if amp == "fp16" else 0.0):
+                    raise RuntimeError(f"{model} {amp}: the scaler is not what DMLSHIM_AMP={amp} "
+                                       "should give (float16 did not run?)")
+                rec = zoo_record(model, amp, side, run)
+                emit(rec)
+                records.append(rec)
+                print(f"{model} {amp} {side}: " + " | ".join(zoo_cells(rec)), file=sys.stderr,
+                      flush=True)
+    return zoo_tables(records)
 
 
 def speed(args: argparse.Namespace, emit) -> str:
@@ -273,6 +433,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--python", default=sys.executable, help="interpreter to run the scripts")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="append one JSON line per result here")
+    p.add_argument("--zoo", nargs="*", default=None, choices=ZOO_MODELS,
+                   help="train the model zoo (all models if none named) instead of the "
+                        "workloads above")
+    p.add_argument("--zoo-steps", type=int, default=4, help="steps per zoo run (1 warm-up)")
+    p.add_argument("--before-repo", default=None,
+                   help="a checkout of dmlshim to run the zoo with for the 'before' columns")
+    p.add_argument("--zoo-from", default=None,
+                   help="print the zoo tables from the JSON rows of an earlier --zoo --json run")
     args = p.parse_args(argv)
 
     def emit(row: Dict[str, object]) -> None:
@@ -280,8 +448,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             with open(args.json, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
 
+    if args.zoo_from:
+        with open(args.zoo_from, encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        print(zoo_tables([r for r in rows if r.get("bench") == "zoo"]))
+        return
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True).stdout.strip()
+    if args.zoo is not None:
+        args.zoo = args.zoo or list(ZOO_MODELS)
+        print(f"CPU fallbacks per training step of the model zoo, emulated-dml, torch {version}, "
+              f"{args.zoo_steps - 1} steady-state steps after a warm-up\n")
+        print(zoo(args, emit))
+        return
     me = os.path.abspath(__file__)
     rows: List[Tuple[str, Run, Run]] = []
     for name in args.optimizers:

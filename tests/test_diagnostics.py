@@ -403,14 +403,14 @@ def test_report_written_when_the_script_does_not_finish(tmp_path, via, mode, how
 
 def test_emulated_directml_log_and_exact_fallback_counts(tmp_path):
     report_path = tmp_path / "report.json"
-    proc = run_shim(SCRIPT, "cumprod", device="emulated-dml",
-                    options={"log": "info", "report": str(report_path)})
+    proc = run_shim(SCRIPT, "cumprod", device="emulated-dml",  # (decompose off: cumprod falls back)
+                    options={"log": "info", "report": str(report_path), "decompose": "off"})
     assert proc.returncode == 0, describe(proc)
     report = _check_log_and_report(proc, report_path, "privateuseone:0")
     assert report["target"]["kind"] == "emulated-dml"
     # the emulator counts every call; torch-directml's warning still shows once per op
     assert report["cpu_fallbacks"] == {"counting": "exact", "ops": {"aten::cumprod.out": 3},
-                                       "total": 3}
+                                       "total": 3, "bytes": {"aten::cumprod.out": {"to_host": 36, "to_device": 36}}}
     assert proc.stderr.count("UserWarning: The operator 'aten::cumprod.out'") == 1
     lines = dmlshim_lines(proc.stderr)
     assert "  CPU fallbacks (calls): aten::cumprod.out x3" in lines
@@ -423,7 +423,7 @@ def test_in_process_emulator_counts(shim, fresh_events):
 
     from dmlshim import emulator
 
-    shim(device="emulated-dml")
+    shim(device="emulated-dml", decompose="off")  # (on, cumprod has a device kernel)
     emulator.reset_fallback_counts()
     x = torch.arange(1.0, 4.0, device="cuda")
     with warnings.catch_warnings():
@@ -433,7 +433,7 @@ def test_in_process_emulator_counts(shim, fresh_events):
     report = _patch_instance().report()
     assert_valid_report(report)
     assert report["cpu_fallbacks"] == {"counting": "exact", "ops": {"aten::cumprod.out": 2},
-                                       "total": 2}
+                                       "total": 2, "bytes": {"aten::cumprod.out": {"to_host": 24, "to_device": 24}}}
     assert report["target"]["kind"] == "emulated-dml"
 
 

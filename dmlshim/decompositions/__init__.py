@@ -53,10 +53,25 @@ class Decomposition:
 
 def all_decompositions() -> Tuple[Decomposition, ...]:
     """Every decomposition dmlshim knows, in README order."""
-    from dmlshim.decompositions import embedding_bag, losses, misc, norm, optim, rnn, upsample
+    from dmlshim.decompositions import (
+        activations,
+        amp,
+        embedding_bag,
+        linalg,
+        losses,
+        misc,
+        norm,
+        optim,
+        pooling,
+        reductions,
+        rnn,
+        sampling,
+        upsample,
+    )
 
     out: List[Decomposition] = []
-    for module in (optim, norm, rnn, embedding_bag, upsample, losses, misc):
+    for module in (optim, norm, rnn, embedding_bag, upsample, losses, misc, activations,
+                   reductions, pooling, sampling, linalg, amp):
         out.extend(module.DECOMPOSITIONS)
     return tuple(out)
 

@@ -104,7 +104,7 @@ __all__ = [
     "EmulatorError", "EmulatorIndexError", "register", "is_registered", "set_switches",
     "install_device_guard", "autograd_ready",
     "switches", "device", "device_count", "synchronize", "memory_allocated",
-    "max_memory_allocated", "reset_peak_memory_stats", "fallback_counts",
+    "max_memory_allocated", "reset_peak_memory_stats", "fallback_counts", "fallback_bytes",
     "reset_fallback_counts", "is_emulated", "register_device_kernel",
     "unregister_device_kernel", "GAPS", "BUGS",
     "ALL_SWITCHES", "REPORTED_FALLBACKS", "WARNING_TEXT", "F64_MESSAGE",
@@ -227,6 +227,12 @@ def reset_peak_memory_stats(index: Optional[int] = None) -> None:
 def fallback_counts() -> Dict[str, int]:
     """``{"aten::lerp.Scalar_out": 12, ...}``: CPU fallbacks per operator since the last reset."""
     return _fallback.counts()
+
+
+def fallback_bytes() -> Dict[str, tuple]:
+    """``{"aten::x": (to_host, to_device)}``: bytes the CPU fallbacks copied since the last reset
+    (each call: its device tensor arguments to the host, its results back)."""
+    return _fallback.bytes_moved()
 
 
 def reset_fallback_counts() -> None:

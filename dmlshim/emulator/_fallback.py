@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 WARNING_TEXT = (
     "The operator '{op}' is not currently supported on the DML backend and will fall back to "
@@ -72,14 +72,30 @@ REPORTED_FALLBACKS: Tuple[ReportedOp, ...] = (
 
 _counts: Dict[str, int] = {}
 _warned: set = set()
+# op -> [bytes copied to the host, bytes copied back to the device], summed over its calls
+_bytes: Dict[str, List[int]] = {}
 
 
 def counts() -> Dict[str, int]:
     return dict(_counts)
 
 
+def bytes_moved() -> Dict[str, Tuple[int, int]]:
+    """``{op: (to_host, to_device)}``: bytes the fallbacks copied, since the last reset."""
+    return {op: (v[0], v[1]) for op, v in _bytes.items()}
+
+
 def reset_counts() -> None:
     _counts.clear()
+    _bytes.clear()
+
+
+def record_bytes(op_name: str, to_host: int, to_device: int) -> None:
+    """Add one fallback call's copies: every device tensor argument to the host (as
+    torch-directml's boxed fallback does), every result and written argument back."""
+    entry = _bytes.setdefault(op_name, [0, 0])
+    entry[0] += to_host
+    entry[1] += to_device
 
 
 def rearm_warnings() -> None:

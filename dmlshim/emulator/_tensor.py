@@ -339,6 +339,36 @@ def redispatch(func, plan: _policy.Plan, args, kwargs):
     return func.redispatch(_PU1, *args, **kwargs)
 
 
+def _device_bytes(value) -> int:
+    """Bytes of the emulated tensors in ``value`` (nested tuples, lists, dicts)."""
+    if type(value) is EmuTensor:
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_device_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_device_bytes(v) for v in value.values())
+    return 0
+
+
+def _copied_back(func, args, kwargs, result) -> int:
+    """Bytes a fallback copies back: its new results and every argument it wrote (in-place and
+    out= arguments, also of ops that return nothing, like ``_amp_foreach_*_``)."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            written.append(args[i] if i < len(args) and not arg.kwarg_only
+                           else kwargs.get(arg.name))
+    seen = {id(t) for t in _leaves(written)}
+    fresh = [t for t in _leaves(result) if id(t) not in seen]
+    return _device_bytes(written) + _device_bytes(fresh)
+
+
+def _leaves(value) -> list:
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _leaves(v)]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
 def _fallback_call(func, plan: _policy.Plan, args, kwargs):
     # C++-registered PrivateUse1 kernels are invisible to the torch.library set checked in
     # __torch_dispatch__; look them up exactly here, where the cost does not matter.
@@ -351,7 +381,11 @@ def _fallback_call(func, plan: _policy.Plan, args, kwargs):
     if state.fallback:
         _fallback.record(plan.fallback_name)
         cargs, ckwargs, index, wrap_results = unwrap(plan, args, kwargs)
+        to_host = _device_bytes((args, kwargs))
         # torch-directml's fallback runs the CPU kernel, which may not exist
         # (aten::_thnn_fused_lstm_cell): the NotImplementedError comes from the CPU, as there.
-        return finish(plan, args, kwargs, func(*cargs, **ckwargs), index, wrap_results)
+        result = finish(plan, args, kwargs, func(*cargs, **ckwargs), index, wrap_results)
+        _fallback.record_bytes(plan.fallback_name, to_host, _copied_back(func, args, kwargs,
+                                                                         result))
+        return result
     return run_on_cpu(func, plan, args, kwargs)

@@ -4,7 +4,8 @@ On DirectML (real or emulated) with ``DMLSHIM_DECOMPOSE=on`` (the default):
 
 * device kernels for the operators torch-directml 0.2.5 runs on the CPU on common training
   paths (optimizer updates, GroupNorm backward, LSTM/GRU cells, embedding bags, 1-D nearest
-  upsampling, binary cross-entropy), registered for ``PrivateUse1`` through ``torch.library``
+  upsampling, losses, activations, scans, pooling, sampling, matrix-vector products,
+  GradScaler's unscale step), registered for ``PrivateUse1`` through ``torch.library``
   (see :mod:`dmlshim.decompositions`; each is registered only where its operator really falls
   back in this process). Uninstall destroys the ``torch.library`` registrations;
 * transformer inference: ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` take a

@@ -313,6 +313,7 @@ class DiagnosticsPatch(Patch):
                 "counting": counting,
                 "ops": dict(sorted(fallbacks.items(), key=lambda kv: (-kv[1], kv[0]))),
                 "total": sum(fallbacks.values()),
+                **fallback_bytes(counting),
             },
             "attention": attention,
         }
@@ -365,6 +366,20 @@ def fallback_counts(target) -> tuple:
             ops = {_op_name(op): int(n) for op, n in dict(exact).items() if n}
             return ops, "exact"
     return dict(events.cpu_fallbacks), "warnings"
+
+
+def fallback_bytes(counting: str) -> Dict[str, Any]:
+    """``{"bytes": {op: {"to_host": n, "to_device": n}}}`` where the emulator counted exactly."""
+    if counting != "exact":
+        return {}
+    try:
+        from dmlshim import emulator
+
+        moved = emulator.fallback_bytes()
+    except (ImportError, AttributeError):
+        return {}
+    return {"bytes": {_op_name(op): {"to_host": int(a), "to_device": int(b)}
+                      for op, (a, b) in sorted(moved.items())}}
 
 
 def _op_name(op: str) -> str:
