@@ -31,6 +31,7 @@ PATCH_MODULES = (
     "dmlshim.patches.guards",
     "dmlshim.patches.distributed",
     "dmlshim.patches.processes",
+    "dmlshim.patches.check",
     "dmlshim.patches.diagnostics",
 )
 
