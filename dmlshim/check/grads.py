@@ -14,6 +14,7 @@ module are affected, the module is named instead of each parameter.
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
@@ -39,16 +40,19 @@ def inspect_optimizer(optimizer: Any, frame: Optional[Any]) -> Optional[Gradient
                 zero.add(id(p))
     if not none and not zero:
         return None
-    roots = _named_roots(frame)
+    roots = _frame_roots(frame)
+    covered = {id(p) for _, m in roots for p in m.parameters()}
+    if not (none | zero) <= covered:
+        roots += _live_roots({id(m) for _, m in roots})
     verdict = GradientVerdict(type(optimizer).__name__)
     verdict.none, verdict.none_count = _units(none, held, roots), len(none)
     verdict.zero, verdict.zero_count = _units(zero, held, roots), len(zero)
     return verdict
 
 
-def _named_roots(frame: Optional[Any]) -> List[Tuple[str, torch.nn.Module]]:
-    """(variable name, module) for the top-level modules the script's frames hold (innermost
-    frame first), then every other live top-level module, named by its class."""
+def _frame_roots(frame: Optional[Any]) -> List[Tuple[str, torch.nn.Module]]:
+    """(variable name, module) for the modules the script's frames hold, innermost frame first,
+    without those inside another one found."""
     found: List[Tuple[str, torch.nn.Module]] = []
     seen: Set[int] = set()
     while frame is not None:
@@ -62,13 +66,19 @@ def _named_roots(frame: Optional[Any]) -> List[Tuple[str, torch.nn.Module]]:
                         seen.add(id(value))
                         found.append((name, value))
         frame = frame.f_back
-    modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
-    below: Set[int] = set()  # modules inside another module
+    below = {id(c) for _, m in found for _, c in m.named_modules() if c is not m}
+    return [(n, m) for n, m in found if id(m) not in below]
+
+
+def _live_roots(known: Set[int]) -> List[Tuple[str, torch.nn.Module]]:
+    """Every other live top-level module, named by its class (the model may live elsewhere)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance() on lazy/deprecated module objects warns
+        modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    below: Set[int] = set()
     for m in modules:
         below.update(id(c) for _, c in m.named_modules() if c is not m)
-    found = [(n, m) for n, m in found if id(m) not in below]
-    found.extend((type(m).__name__, m) for m in modules if id(m) not in below and id(m) not in seen)
-    return found
+    return [(type(m).__name__, m) for m in modules if id(m) not in below and id(m) not in known]
 
 
 def _units(ids: Set[int], held: Dict[int, torch.Tensor],
