@@ -117,13 +117,15 @@ def test_emulator_gaps_are_named_with_op_and_line(tmp_path, guards):
                for line in proc.stderr.splitlines()), describe(proc)
 
 
-# (script, args): no optimizer in lstm_lm (it steps by hand), so it is shadowed to the end.
+# (script, args). lstm_lm has no optimizer (it steps by hand), so it is shadowed to its end.
+# amp_train without torch.compile: compiled kernels are not aten ops (nothing to shadow), and
+# compiling while a dispatch mode is on may round differently in the last bit.
 CPU_CORPUS = [
-    ("mlp", ("--epochs", "1")),
+    ("mlp", ()),
     ("cnn", ("--epochs", "1")),
     ("transformer", ("--epochs", "1")),
     ("lstm_lm", ("--epochs", "1", "--bptt", "200")),
-    ("amp_train", ("--epochs", "1", "--steps", "3")),
+    ("amp_train", ("--epochs", "1", "--steps", "3", "--no-compile")),
 ]
 
 
@@ -131,14 +133,14 @@ CPU_CORPUS = [
 def test_no_false_positives_on_the_cpu(tmp_path, script, args):
     native = run_native(script, *args)
     assert native.returncode == 0, describe(native)
-    proc, report = check_run(script, tmp_path, *args, check=2)
+    proc, report = check_run(script, tmp_path, *args, check=1)
     assert losses(proc.stdout) == losses(native.stdout)  # the check changes nothing it runs
     assert losses(proc.stdout)
     check = report["check"]
     assert check["divergences"] == [] and check["gradients"]["problems"] == [], check
-    assert check["ops_compared"] > 100, check
+    assert check["ops_compared"] > 50, check
     if script != "lstm_lm":
-        assert check["steps_shadowed"] == 2 and check["gradients"]["optimizers_checked"] == 1
+        assert check["steps_shadowed"] == 1 and check["gradients"]["optimizers_checked"] == 1
     assert "DMLSHIM_CHECK" not in proc.stderr, describe(proc)
 
 

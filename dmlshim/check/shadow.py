@@ -113,7 +113,7 @@ class ShadowMode(TorchDispatchMode):
             self._skipped(info.skip)
             return func(*args, **kwargs)
         try:
-            cargs, ckwargs = self._cpu_copies(args, kwargs)
+            cargs, ckwargs = self._cpu_copies(args, kwargs, bool(info.writes))
         except _NotComparable:
             self._skipped("not copyable")
             return func(*args, **kwargs)
@@ -139,7 +139,10 @@ class ShadowMode(TorchDispatchMode):
                 return True
         return False
 
-    def _cpu_copies(self, args, kwargs):
+    def _cpu_copies(self, args, kwargs, writes: bool):
+        """CPU inputs for the second run. Device tensors are copied; CPU tensors are cloned
+        only for ops that write (the real op runs first and may change them, through any
+        alias); an op that writes nothing leaves them as they were, so they are shared."""
         dt = self.device_type
         memo: Dict[int, torch.Tensor] = {}  # the same tensor twice stays one tensor
 
@@ -153,7 +156,7 @@ class ShadowMode(TorchDispatchMode):
                 if x.device.type == "cpu":
                     if type(x) not in _PLAIN_TYPES:
                         raise _NotComparable
-                    c = x.detach().clone()
+                    c = x.detach().clone() if writes else x
                 else:
                     # the op itself, not Tensor.to: inside a dispatch handler .to("cpu") of an
                     # emulated tensor can return its CPU data without a copy
