@@ -32,6 +32,7 @@ PATCH_MODULES = (
     "dmlshim.patches.guards",
     "dmlshim.patches.distributed",
     "dmlshim.patches.processes",
+    "dmlshim.patches.check",
     "dmlshim.patches.diagnostics",
 )
 

@@ -124,6 +124,10 @@ OPTIONS: Tuple[Option, ...] = (
     Option("report", "", "a file path (empty: no report)",
            "write a JSON report of what the shim did to this path at exit",
            lambda v: True, normalize=_keep),
+    Option("check", "off", "off, or N (a positive integer: optimizer steps to shadow)",
+           "run every device op of the first N optimizer steps on the CPU too and report the "
+           "first ops whose results differ (slow while it lasts; nothing stays installed after)",
+           lambda v: v == "off" or (v.isdigit() and int(v) >= 1)),
 )
 
 

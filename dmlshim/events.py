@@ -260,3 +260,10 @@ def warn_at_user_site(message: str, category: type = UserWarning) -> None:
 def last_user_frame_info() -> Optional[Tuple[str, int]]:
     f, line = _call_site()
     return None if f == "<unknown>" else (f, line)
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the user's (not dmlshim's, torch's or wrapt's): the
+    same test :func:`warn_at_user_site` and call-site recording apply to live frames."""
+    configure_prefixes()
+    return not filename.startswith(_SKIP_PREFIXES + ("<frozen",))

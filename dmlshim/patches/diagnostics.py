@@ -37,7 +37,7 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from dmlshim import events
 from dmlshim.patching import Patch
@@ -57,6 +57,10 @@ ATTENTION_NOTES = {
                         "(DMLSHIM_OPTIMIZER=off), so those weights did not train; unset "
                         "DMLSHIM_OPTIMIZER or build the optimizer after model.to(...)"),
 }
+
+# Report sections other patches add (dmlshim.patches.check: "check"): name -> a function
+# returning (the section, lines for the "needs attention" block).
+SECTIONS: Dict[str, Callable[[], Tuple[Any, List[str]]]] = {}
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _active: Optional[DiagnosticsPatch] = None
@@ -267,6 +271,10 @@ class DiagnosticsPatch(Patch):
         recorded = events.summary_dict()
         fallbacks, counting = fallback_counts(target)
         attention = attention_messages(recorded, fallbacks, counting)
+        sections: Dict[str, Any] = {}
+        for section_name, section_fn in list(SECTIONS.items()):
+            sections[section_name], lines = section_fn()
+            attention.extend(lines)
         owner = os.getpid() == self._owner_pid
         outcome_code = self._exit_code if self._exit_code is not None else (
             0 if self._how == "finished" else None)
@@ -316,6 +324,7 @@ class DiagnosticsPatch(Patch):
                 **fallback_bytes(counting),
             },
             "attention": attention,
+            **sections,
         }
 
 

@@ -1,0 +1,174 @@
+"""``DMLSHIM_CHECK``: shadow the first N optimizer steps on the CPU; gradient sanity always.
+
+Installs, on every target that is not inert:
+
+* gradient sanity (always): a global optimizer step pre-hook looks at each optimizer's
+  parameters at its first ``step()`` (:mod:`dmlshim.check.grads`) and removes itself as soon as
+  an optimizer steps a second time (the loop has come round: every optimizer has had its first
+  step), so from then on nothing of it runs;
+* with ``DMLSHIM_CHECK=N``: the shadow (:class:`dmlshim.check.shadow.ShadowMode`, a
+  TorchDispatchMode entered now, at install) plus torch's anomaly mode (so backward ops know the
+  forward line that created them); the same pre-hook counts steps. At the end of the N-th
+  ``optimizer.step()`` the mode is left and anomaly mode restored; once gradient sanity is done
+  too, the hook is removed: later steps run exactly as without the option.
+
+Findings go to the exit summary's "needs attention" block, the ``dmlshim`` logger (at once,
+when found) and the report's ``check`` section (registered with the diagnostics patch).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import weakref
+from typing import Any, List, Optional, Tuple
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from dmlshim.check import grads
+from dmlshim.check.results import results
+from dmlshim.check.shadow import ShadowMode
+from dmlshim.patches import diagnostics
+from dmlshim.patching import Patch
+
+log = logging.getLogger("dmlshim")
+
+_active: Optional[CheckPatch] = None
+_fork_hook_registered = False
+
+
+def steps_requested(value: str) -> int:
+    return 0 if value == "off" else int(value)
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) is not the training loop: it stops shadowing and
+    # reports nothing of the parent's.
+    if _active is not None and _active.installed:
+        _active._forked()
+
+
+class CheckPatch(Patch):
+    name = "check"
+
+    def applies(self, target) -> bool:
+        return True
+
+    def _install(self, target, config) -> None:
+        global _active, _fork_hook_registered
+        results.reset()
+        results.steps_requested = steps_requested(config.check)
+        self._mode: Optional[ShadowMode] = None
+        self._anomaly: Tuple[bool, bool] = (False, True)
+        self._grads_pending = True  # until an optimizer steps a second time
+        self._grad_seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._hook: Any = register_optimizer_step_pre_hook(self._before_step)
+        self.on_undo(self._remove_hook)
+        diagnostics.SECTIONS["check"] = self._section
+        self.on_undo(lambda: diagnostics.SECTIONS.pop("check", None))
+        if results.steps_requested:
+            self._start(target.device_type)
+            self.on_undo(self._stop)
+        _active = self
+
+        def forget() -> None:
+            global _active
+            if _active is self:
+                _active = None
+
+        self.on_undo(forget)
+        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)  # cannot be unregistered
+            _fork_hook_registered = True
+
+    def _section(self) -> Tuple[Any, List[str]]:
+        return results.section(), results.attention_lines()
+
+    # -- around each optimizer step, while there is something to do ----------------------------
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        """The global step pre-hook: gradient sanity, and the shadow's step boundary."""
+        if self._grads_pending:
+            if optimizer in self._grad_seen:
+                self._grads_pending = False  # every optimizer of the loop has had its first step
+            else:
+                self._grad_seen.add(optimizer)
+                self._check_gradients(optimizer)
+        if self._mode is not None:
+            self._mode.in_optimizer = True
+        # The end of the step: torch calls optimizer._optimizer_step_code() after the step and
+        # before the post-hooks, outside any loop over the hook dicts (a hook cannot remove
+        # itself while torch iterates them). An instance attribute, deleted when called.
+        optimizer._optimizer_step_code = functools.partial(self._after_step, optimizer)
+
+    def _after_step(self, optimizer) -> None:
+        optimizer.__dict__.pop("_optimizer_step_code", None)
+        type(optimizer)._optimizer_step_code(optimizer)  # the profiler's entry point, as before
+        mode = self._mode
+        if mode is not None:
+            mode.in_optimizer = False
+            results.steps_shadowed = mode.step
+            if mode.step >= results.steps_requested:
+                self._stop()
+            else:
+                mode.step += 1
+        if self._mode is None and not self._grads_pending:
+            self._remove_hook()  # nothing of the check runs from here on
+
+    def _check_gradients(self, optimizer) -> None:
+        results.gradients_checked += 1
+        mode = self._mode
+        if mode is not None:
+            mode.paused = True  # our own reads of .grad are not the script's ops
+        try:
+            verdict = grads.inspect_optimizer(optimizer, sys._getframe(2))
+        except Exception:  # never break the script's step
+            log.debug("check: gradient sanity failed", exc_info=True)
+            verdict = None
+        finally:
+            if mode is not None:
+                mode.paused = False
+        if verdict is not None:
+            results.gradient_verdict(verdict)
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    # -- the shadow --------------------------------------------------------------------------
+
+    def _start(self, device_type: str) -> None:
+        mode = ShadowMode(device_type, results)
+        self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+        torch.set_anomaly_enabled(True, False)  # forward stacks on autograd nodes; no NaN checks
+        mode.__enter__()
+        self._mode = mode
+        results.shadowing = True
+        log.info("check: shadowing the first %d optimizer step(s) on the CPU",
+                 results.steps_requested)
+
+    def _stop(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        results.shadowing = False
+        if _get_current_dispatch_mode() is mode:
+            mode.__exit__(None, None, None)
+        else:  # someone entered a mode after ours: leave the stack alone, stop comparing
+            mode.paused = True
+            log.debug("check: another dispatch mode is above the shadow; it stays, passive")
+        torch.set_anomaly_enabled(*self._anomaly)
+        log.info("check: shadowed %d optimizer step(s): %d ops compared, %d differed from the "
+                 "CPU", results.steps_shadowed, results.ops_compared, sum(results.counts.values()))
+
+    def _forked(self) -> None:
+        if self._mode is not None:
+            self._mode.paused = True
+        requested = results.steps_requested
+        results.reset()
+        results.steps_requested = requested

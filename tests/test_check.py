@@ -1,0 +1,237 @@
+"""DMLSHIM_CHECK (shadowing the first optimizer steps on the CPU) and gradient sanity.
+
+* The emulator's wrong-result gaps, with the guards off, are each named with the op and the
+  user's line; with the guards on nothing is reported. The cases are a list of (switch, snippet,
+  expected ops): a new emulator gap is one more row.
+* On the CPU target the corpus scripts report nothing and train bit-identically to a native run.
+* A planted bug (a branch detached by mistake) is named at the first step.
+* After the check is done nothing of dmlshim runs per step (counted with sys.setprofile).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+from helpers import describe, losses, run_native, run_shim
+from test_diagnostics import assert_valid_report
+
+from dmlshim import config
+from dmlshim.check import compare
+
+# (emulator switch, snippet, expected aten op: any of). Each snippet runs on "cuda" inside the
+# first optimizer step; the line ending in "# <- here" is the user's line the report must name.
+GAP_CASES: List[Tuple[str, str, Tuple[str, ...]]] = [
+    ("bug-ce-none", """
+        logits = torch.randn(8, 5, device="cuda", requires_grad=True)
+        target = torch.randint(0, 5, (8,), device="cuda")
+        weights = torch.linspace(0.5, 2.0, 8, device="cuda")  # a non-uniform upstream gradient
+        loss = (F.cross_entropy(logits, target, reduction="none") * weights).sum()  # <- here
+        loss.backward()
+        """, ("aten::nll_loss_backward",)),
+    ("bug-mul-bool", """
+        x = torch.randn(6, device="cuda")
+        x *= x > 0  # <- here
+        """, ("aten::mul_.Tensor",)),
+    ("bug-bn-stats", """
+        bn = torch.nn.BatchNorm1d(4).cuda()
+        bn(torch.randn(8, 4, device="cuda"))  # <- here
+        """, ("aten::native_batch_norm", "aten::_native_batch_norm_legit",
+              "aten::_batch_norm_with_update")),
+]
+
+HEADER = """\
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+p = torch.nn.Parameter(torch.ones(3, device="cuda"))
+opt = torch.optim.SGD([p], lr=0.1)
+"""
+FOOTER = """\
+(p * 2).sum().backward()
+opt.step()
+print("done")
+"""
+
+
+def gap_script(tmp_path: Path) -> Tuple[Path, Dict[str, int]]:
+    """The cases' snippets in one script; {switch: line number of its "# <- here"}."""
+    lines = HEADER.splitlines()
+    where: Dict[str, int] = {}
+    for switch, snippet, _ in GAP_CASES:
+        for text in textwrap.dedent(snippet).strip().splitlines():
+            lines.append(text)
+            if text.endswith("# <- here"):
+                where[switch] = len(lines)
+    lines += FOOTER.splitlines()
+    path = tmp_path / "gaps.py"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert set(where) == {c[0] for c in GAP_CASES}
+    return path, where
+
+
+def check_run(script, tmp_path: Path, *args: str, device: str = "cpu", **options):
+    report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
+    proc = run_shim(script, *args, device=device, options={"report": str(report), **options})
+    assert proc.returncode == 0, describe(proc)
+    data = json.loads(report.read_text(encoding="utf-8"))
+    assert_valid_report(data)
+    return proc, data
+
+
+@pytest.mark.parametrize("guards", ["off", "on"])
+def test_emulator_gaps_are_named_with_op_and_line(tmp_path, guards):
+    script, where = gap_script(tmp_path)
+    switches = ",".join(["all"] + [c[0] for c in GAP_CASES])
+    proc, report = check_run(script, tmp_path, device="emulated-dml", check=2, guards=guards,
+                             emulator_gaps=switches)
+    check = report["check"]
+    assert check["steps_requested"] == 2 and check["steps_shadowed"] == 1
+    assert check["ops_compared"] > 20, check
+    found = {d["op"]: d for d in check["divergences"]}
+    if guards == "on":
+        assert found == {}, check["divergences"]
+        assert not any("DMLSHIM_CHECK" in a for a in report["attention"]), report["attention"]
+        return
+    for switch, _, ops in GAP_CASES:
+        hits = [found[op] for op in ops if op in found]
+        assert hits, f"{switch}: none of {ops} reported; found {sorted(found)}"
+        d = hits[0]
+        assert (d["file"], d["line"], d["step"]) == (str(script), where[switch], 1), d
+        assert f"{d['op']} at {script}:{where[switch]}" in proc.stderr, describe(proc)
+    assert len(found) == len(GAP_CASES), sorted(found)  # nothing else differs
+    nll = found["aten::nll_loss_backward"]
+    assert nll["phase"] == "backward" and nll["autograd_node"].startswith("NllLossBackward")
+    assert nll["what"] == "values" and nll["max_rel_err"] == 1.0 and nll["max_abs_err"] > 0
+    mul = found["aten::mul_.Tensor"]
+    assert (mul["what"], mul["device"], mul["cpu"]) == ("dtype", "bool[6]", "float32[6]")
+    assert mul["inputs"] == ["float32[6]", "bool[6]"]
+    assert any(line.startswith("dmlshim:   needs attention: DMLSHIM_CHECK: ")
+               for line in proc.stderr.splitlines()), describe(proc)
+
+
+# (script, args). lstm_lm has no optimizer (it steps by hand), so it is shadowed to its end.
+# amp_train without torch.compile: compiled kernels are not aten ops (nothing to shadow), and
+# compiling while a dispatch mode is on may round differently in the last bit.
+CPU_CORPUS = [
+    ("mlp", ()),
+    ("cnn", ("--epochs", "1")),
+    ("transformer", ("--epochs", "1")),
+    ("lstm_lm", ("--epochs", "1", "--bptt", "200")),
+    ("amp_train", ("--epochs", "1", "--steps", "3", "--no-compile")),
+]
+
+
+@pytest.mark.parametrize("script, args", CPU_CORPUS, ids=[c[0] for c in CPU_CORPUS])
+def test_no_false_positives_on_the_cpu(tmp_path, script, args):
+    native = run_native(script, *args)
+    assert native.returncode == 0, describe(native)
+    proc, report = check_run(script, tmp_path, *args, check=1)
+    assert losses(proc.stdout) == losses(native.stdout)  # the check changes nothing it runs
+    assert losses(proc.stdout)
+    check = report["check"]
+    assert check["divergences"] == [] and check["gradients"]["problems"] == [], check
+    assert check["ops_compared"] > 50, check
+    if script != "lstm_lm":
+        assert check["steps_shadowed"] == 1 and check["gradients"]["optimizers_checked"] == 1
+    assert "DMLSHIM_CHECK" not in proc.stderr, describe(proc)
+
+
+def test_a_detached_branch_is_named_at_the_first_step(tmp_path):
+    proc, report = check_run("check_detached", tmp_path)  # check off: gradient sanity is always on
+    problems = report["check"]["gradients"]["problems"]
+    assert problems == [{"optimizer": "Adam", "no_gradient": {"count": 4, "where": ["model.branch"]},
+                         "zero_gradient": {"count": 0, "where": []}}], problems
+    assert report["check"]["steps_requested"] == 0 and report["check"]["ops_compared"] == 0
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("dmlshim:   needs attention:"))
+    assert "4 parameters of `model.branch` received no gradient at the first step" in line
+    assert "DMLSHIM_CHECK=1" in line
+    assert "model.frozen" not in proc.stderr and "model.unused" not in proc.stderr
+
+
+@pytest.mark.parametrize("check", ["off", "1"])
+def test_nothing_of_dmlshim_runs_per_step_afterwards(shim, check):
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from dmlshim.check.results import results
+
+    shim(device="cpu", check=check)
+    # the check's own files (other patches answer torch's per-step torch.accelerator and
+    # ones_like calls: not this option's business)
+    pkg = os.path.dirname(os.path.abspath(config.__file__)) + os.sep
+    mine = (pkg + "check" + os.sep, pkg + os.path.join("patches", "check.py"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    frames: List[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(mine):
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    sys.setprofile(profile)
+    try:
+        step()  # the first step: gradient sanity (and the shadow with check=1) run
+    finally:
+        sys.setprofile(None)
+    assert frames, "the profiler sees dmlshim's frames at the first step"
+    assert results.gradients_checked == 1
+    assert (results.ops_compared > 0) == (check == "1")
+    step()  # the loop comes round: the hook goes away at the end of this step
+    frames.clear()
+    sys.setprofile(profile)
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        sys.setprofile(None)
+    assert frames == []
+    assert _get_current_dispatch_mode() is None and not torch.is_anomaly_enabled()
+    from torch.optim import optimizer as optim_mod
+
+    assert not optim_mod._global_optimizer_pre_hooks and not optim_mod._global_optimizer_post_hooks
+    assert "_optimizer_step_code" not in vars(opt)
+
+
+@pytest.mark.parametrize("raw, ok", [("off", "off"), ("3", "3"), (" 1 ", "1"), ("0", None),
+                                     ("-2", None), ("yes", None), ("1.5", None)])
+def test_option_values(raw, ok):
+    if ok is None:
+        with pytest.raises(config.ConfigError) as err:
+            config.load(environ={"DMLSHIM_CHECK": raw})
+        assert str(err.value).startswith(f"dmlshim: invalid DMLSHIM_CHECK={raw!r}; valid values:")
+    else:
+        assert config.load(environ={"DMLSHIM_CHECK": raw}).check == ok
+
+
+def test_compare_tolerances_and_special_values():
+    import torch
+
+    a = torch.tensor([1.0, 2.0, float("nan"), float("inf")])
+    assert compare.compare_values(a.clone(), a) is None
+    assert compare.compare_values(a * (1 + 5e-5), a) is None  # within float32's rtol
+    m = compare.compare_values(a * 1.01, a)
+    assert m.what == "values" and math.isclose(m.max_rel_err, 0.01, rel_tol=1e-3)
+    nan_moved = torch.tensor([1.0, float("nan"), 2.0, float("inf")])
+    assert compare.compare_values(nan_moved, a).what == "nan/inf positions"
+    assert compare.compare_values(a.half(), a).what == "dtype"
+    assert compare.compare_values(a[:3], a).what == "shape"
+    assert compare.compare_values(torch.zeros(3), torch.ones(3)).max_rel_err == 1.0
+    assert compare.compare_values(torch.ones(2), torch.zeros(2)).max_rel_err == math.inf
+    assert compare.compare_values(torch.tensor([1, 2]), torch.tensor([1, 3])).what == "values"
+    d = torch.tensor([1.0], dtype=torch.float64)
+    assert compare.compare_values(d * (1 + 1e-7), d) is not None  # float32 precision in float64
+    assert compare.compare_values(3.0, 3.0000001) is None and compare.compare_values(1, 2)
