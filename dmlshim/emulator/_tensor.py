@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import copy
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -19,6 +19,8 @@ from dmlshim.emulator import _fallback, _memory, _policy
 from dmlshim.emulator._state import EmulatorError, check_index, state
 
 F64_MESSAGE = "The GPU device does not support Double (Float64) operations!"
+# torch-directml's tensors are OpaqueTensorImpls (fact 8 of the real wheel).
+STORAGE_MESSAGE = "Cannot access storage of OpaqueTensorImpl"
 
 _PU1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -32,6 +34,15 @@ SPECIALS: Dict[str, Callable] = {}
 BUGS: Dict[str, Tuple[str, Callable]] = {}
 CPU_IMPLS: Dict[str, Callable] = {}
 _PLANS: Dict[Any, _policy.Plan] = {}
+
+# Set by _backend.install(): (tensor, message) -> None makes C++ storage access of a wrapper
+# throw; (tensor, sizes, strides, offset) -> None sets the metadata of such a wrapper.
+refuse_storage: Optional[Callable] = None
+set_metadata: Optional[Callable] = None
+
+
+def _refused(t: torch.Tensor) -> NotImplementedError:
+    return NotImplementedError(STORAGE_MESSAGE)
 
 
 def check_float64(dtype: torch.dtype) -> None:
@@ -81,6 +92,23 @@ class EmuTensor(torch.Tensor):
         if isinstance(value, EmuTensor):
             self._elem = value._elem
             self._index = value._index
+
+    # The storage gap: no storage, as on torch-directml (C++ paths raise from the TensorImpl,
+    # see wrap(); these are the Python entry points, NotImplementedError like the wheel's).
+    def untyped_storage(self):
+        if state.storage:
+            raise _refused(self)
+        return super().untyped_storage()
+
+    def storage(self):
+        if state.storage:
+            raise _refused(self)
+        return super().storage()
+
+    def _typed_storage(self):
+        if state.storage:
+            raise _refused(self)
+        return super()._typed_storage()
 
     def data_ptr(self) -> int:
         # The wrapper has no memory of its own; expose the CPU elem's address so that code that
@@ -185,6 +213,8 @@ def wrap(elem: torch.Tensor, index: int) -> EmuTensor:
     )
     out._elem = elem
     out._index = index
+    if state.storage and refuse_storage is not None:
+        refuse_storage(out, STORAGE_MESSAGE)
     _memory.track(elem, index)
     return out
 
@@ -194,6 +224,10 @@ def sync_metadata(wrapper: EmuTensor) -> None:
     elem = wrapper._elem
     if (wrapper.size() == elem.size() and wrapper.stride() == elem.stride()
             and wrapper.storage_offset() == elem.storage_offset()):
+        return
+    if set_metadata is not None:
+        set_metadata(wrapper, list(elem.size()), list(elem.stride()), elem.storage_offset())
+        _memory.refresh(elem)
         return
     numel = max(elem.untyped_storage().nbytes() // max(elem.element_size(), 1), 1)
     husk = torch.Tensor._make_wrapper_subclass(
