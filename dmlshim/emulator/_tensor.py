@@ -21,6 +21,11 @@ from dmlshim.emulator._state import EmulatorError, check_index, state
 F64_MESSAGE = "The GPU device does not support Double (Float64) operations!"
 # torch-directml's tensors are OpaqueTensorImpls (fact 8 of the real wheel).
 STORAGE_MESSAGE = "Cannot access storage of OpaqueTensorImpl"
+# torch.inference_mode() on torch-directml (fact 9): ops on tensors made outside the region fail.
+INFERENCE_MESSAGE = "Cannot set version_counter for inference tensor"
+# A bfloat16 tensor on torch-directml kills the process (fact 6, #688), from its native code.
+BF16_MESSAGE = "dml_util.cc:118 Invalid or unsupported data type BFloat16"
+_inference_enabled = torch.is_inference_mode_enabled
 
 _PU1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -48,6 +53,33 @@ def _refused(t: torch.Tensor) -> NotImplementedError:
 def check_float64(dtype: torch.dtype) -> None:
     if dtype is torch.float64 and state.float64:
         raise RuntimeError(F64_MESSAGE)
+    if dtype is torch.bfloat16 and state.bfloat16:
+        abort_bfloat16()
+
+
+def abort_bfloat16() -> None:
+    """Die as torch-directml does when a bfloat16 tensor reaches the device: a line on stderr
+    from its native code, then abort() -- no Python exception, no traceback, no atexit."""
+    import os
+    import sys
+
+    try:
+        sys.stderr.flush()
+        os.write(2, (BF16_MESSAGE + "\n").encode())
+    finally:
+        os.abort()
+
+
+def _check_inference(args, kwargs) -> None:
+    """Inside torch.inference_mode(): refuse device tensors made outside it, as the wheel does."""
+    for a in args:
+        if type(a) is EmuTensor and not a.is_inference():
+            raise RuntimeError(INFERENCE_MESSAGE)
+        if (type(a) is list or type(a) is tuple) and a and type(a[0]) is EmuTensor:
+            if any(not x.is_inference() for x in a if type(x) is EmuTensor):
+                raise RuntimeError(INFERENCE_MESSAGE)
+    if kwargs:
+        _check_inference(tuple(kwargs.values()), None)
 
 
 class EmuTensor(torch.Tensor):
@@ -61,6 +93,8 @@ class EmuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if state.inference_mode and _inference_enabled():
+            _check_inference(args, kwargs)
         plan = _PLANS.get(func)
         if plan is None:
             plan = _PLANS[func] = _policy.build(func, SPECIALS, BUGS, CPU_IMPLS)
@@ -84,6 +118,8 @@ class EmuTensor(torch.Tensor):
     # (emulated -> emulated dtype changes): keep the CPU elem in step with the new metadata.
     @property
     def data(self):
+        if state.inference_mode and _inference_enabled() and not self.is_inference():
+            raise RuntimeError(INFERENCE_MESSAGE)
         return _data_descriptor.__get__(self, type(self))
 
     @data.setter
@@ -205,6 +241,8 @@ def wrap(elem: torch.Tensor, index: int) -> EmuTensor:
     """A new emulated tensor on adapter ``index`` holding ``elem`` (a CPU tensor)."""
     if elem.dtype is torch.float64 and state.float64:
         raise RuntimeError(F64_MESSAGE)
+    if elem.dtype is torch.bfloat16 and state.bfloat16:
+        abort_bfloat16()
     if elem.layout is not torch.strided:
         raise EmulatorError(f"dmlshim emulator: {elem.layout} tensors are not supported")
     out = torch.Tensor._make_wrapper_subclass(

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from dmlshim import events
+
 log = logging.getLogger("dmlshim")
 
 
@@ -131,6 +133,7 @@ class DeviceDistributedDataParallel(DistributedDataParallel):
     def _all_reduce_grads(self) -> None:
         self._queued = False
         self._sync_next_backward = False
+        events.note("distributed.ddp.all_reduce")
         params = self._grad_params
         world = float(self._world)
         with torch.no_grad():
