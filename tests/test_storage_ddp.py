@@ -70,7 +70,7 @@ def test_cuda_script_touching_storage_runs_under_the_refusal(tmp_path):
     assert _checks(shimmed.stdout) == _checks(native.stdout) != []
     assert "on_gpu True" in shimmed.stdout
     # the checkpoint written from device tensors loads in plain torch, on the CPU
-    ckpt = torch.load(shim_dir / "ckpt.pt")
+    ckpt = torch.load(shim_dir / "ckpt.pt", weights_only=True)
     assert ckpt["model"]["0.weight"].device.type == "cpu"
     assert torch.equal(ckpt["view"], torch.tensor([2.0, 3.0]))
 

@@ -11,10 +11,12 @@ torch's own code keeps seeing the truth (``called_from_torch``): the group is a 
   :class:`StagingProcessGroup` — a ``torch.distributed.ProcessGroup`` written in Python, the
   extension point PyTorch offers for this (``Backend.register_backend``). Every collective on a
   DirectML tensor is staged through host memory: copy device -> CPU, run gloo, copy the result
-  back. DDP's gradient buckets, its start-up parameter broadcast and buffer broadcasts, and the
-  script's own ``all_reduce``/``broadcast``/``all_gather``/... all go through it, because they all
-  go through the process group. Cost: two copies of each tensor per collective, and the
-  collective is synchronous (DDP cannot overlap gradient communication with the backward pass).
+  back. The script's own ``all_reduce``/``broadcast``/``all_gather``/... go through it.
+  Cost: two copies of each tensor per collective, and the collective is synchronous.
+* DDP on DirectML: torch's Reducer reads gradient storage, which DirectML tensors lack
+  ("Cannot access storage of OpaqueTensorImpl"), so a module on the device gets
+  :class:`dmlshim.patches._ddp_device.DeviceDistributedDataParallel` (a subclass of torch's DDP
+  that all-reduces gradients through the host), unless ``DMLSHIM_GUARDS=off``.
 * ``nn.DataParallel`` on DirectML runs the module on one adapter (see :func:`_data_parallel_init`).
 """
 
