@@ -109,3 +109,24 @@ def test_bfloat16_gap_is_in_all():
 
     cfg = config.load({"device": "emulated-dml", "emulator_gaps": "all"})
     assert {"storage", "inference-mode", "bfloat16"} <= set(cfg.emulator_switches())
+
+
+def test_forward_and_backward_on_every_emulated_adapter(shim):
+    # PyTorch's Python device guard (torch >= 2.5) knows one device; the emulator's C++ guard
+    # is built on every torch, so adapter 1 and 2 run backward() (DDP rank 1, devices=2)
+    from dmlshim import emulator
+
+    shim(device="emulated-dml:3")
+    assert emulator.install_device_guard() == "cpp"
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(4, 2)
+    x = torch.randn(5, 4)
+    reference(x).square().sum().backward()
+    for index in range(3):
+        torch.cuda.set_device(index)
+        model = torch.nn.Linear(4, 2)
+        model.load_state_dict(reference.state_dict())
+        model.cuda()
+        model(x.cuda()).square().sum().backward()
+        assert model.weight.grad.device == torch.device("privateuseone", index)
+        assert torch.equal(model.weight.grad.cpu(), reference.weight.grad)

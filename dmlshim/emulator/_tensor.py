@@ -263,7 +263,7 @@ def sync_metadata(wrapper: EmuTensor) -> None:
     if (wrapper.size() == elem.size() and wrapper.stride() == elem.stride()
             and wrapper.storage_offset() == elem.storage_offset()):
         return
-    if set_metadata is not None:
+    if set_metadata is not None and state.storage:  # set_() below would read its storage
         set_metadata(wrapper, list(elem.size()), list(elem.stride()), elem.storage_offset())
         _memory.refresh(elem)
         return
