@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
+import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -46,23 +48,18 @@ refuse_storage: Optional[Callable] = None
 set_metadata: Optional[Callable] = None
 
 
-def _refused(t: torch.Tensor) -> NotImplementedError:
+def _refused() -> NotImplementedError:
     return NotImplementedError(STORAGE_MESSAGE)
 
 
 def check_float64(dtype: torch.dtype) -> None:
     if dtype is torch.float64 and state.float64:
         raise RuntimeError(F64_MESSAGE)
-    if dtype is torch.bfloat16 and state.bfloat16:
-        abort_bfloat16()
 
 
 def abort_bfloat16() -> None:
     """Die as torch-directml does when a bfloat16 tensor reaches the device: a line on stderr
     from its native code, then abort() -- no Python exception, no traceback, no atexit."""
-    import os
-    import sys
-
     try:
         sys.stderr.flush()
         os.write(2, (BF16_MESSAGE + "\n").encode())
@@ -133,17 +130,17 @@ class EmuTensor(torch.Tensor):
     # see wrap(); these are the Python entry points, NotImplementedError like the wheel's).
     def untyped_storage(self):
         if state.storage:
-            raise _refused(self)
+            raise _refused()
         return super().untyped_storage()
 
     def storage(self):
         if state.storage:
-            raise _refused(self)
+            raise _refused()
         return super().storage()
 
     def _typed_storage(self):
         if state.storage:
-            raise _refused(self)
+            raise _refused()
         return super()._typed_storage()
 
     def data_ptr(self) -> int:
