@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import CORPUS, clean_env, describe, losses, run_shim
+from tests.helpers import CORPUS, clean_env, describe, losses, run_native, run_shim
 
 DIST = CORPUS / "dist"
 LAUNCH_TIMEOUT = 300  # two ranks importing torch on a loaded 2-core machine
@@ -163,16 +163,86 @@ def test_emulated_dml_collectives_and_ddp_on_device_tensors(shim, one_rank):
     dist.all_gather(gathered, t)
     assert t.device.type == gathered[0].device.type == "privateuseone"
     assert gathered[0].tolist() == [2.0, 2.0, 2.0]
-    # DDP's start-up (parameter check, broadcast of rank 0's state) and a forward with buffer
-    # broadcast; no backward in this process: the autograd engine of a process that already
-    # ran a CPU backward has no queue for a device registered later (the emulator). The
-    # torchrun and mp.spawn tests train.
-    staged = events.notes["distributed.staged.broadcast"]
+    reduced = events.notes["distributed.ddp.all_reduce"]
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).cuda()
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[0], output_device=0)
     out = ddp(torch.randn(6, 4, device="cuda"))
     assert out.device.type == "privateuseone"
-    assert events.notes["distributed.staged.broadcast"] > staged
+    out.sum().backward()
+    assert model[0].weight.grad.device.type == "privateuseone"
+    assert events.notes["distributed.ddp.all_reduce"] == reduced + 1
+
+
+def _ddp_model():
+    import torch.nn as nn
+
+    torch.manual_seed(3)
+    return nn.ModuleDict({"body": nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6)),
+                          "head": nn.Linear(6, 2), "unused": nn.Linear(2, 2)})
+
+
+def _ddp_forward(module, x):
+    return module["head"](module["body"](x)).square().mean()
+
+
+def test_ddp_backward_on_storage_less_device_with_guards_off_fails_like_the_wheel(shim, one_rank):
+    # torch's Reducer reads gradient storage (is_alias_of); torch-directml has none (fact 8)
+    import torch.nn as nn
+
+    shim(device="emulated-dml", guards="off")
+    one_rank("nccl")
+    model = nn.Linear(3, 1).cuda()
+    with pytest.raises(NotImplementedError, match="^Cannot access storage of OpaqueTensorImpl$"):
+        model.weight.untyped_storage()
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    assert type(ddp) is nn.parallel.DistributedDataParallel
+    with pytest.raises(RuntimeError, match="Cannot access storage of OpaqueTensorImpl"):
+        ddp(torch.randn(4, 3, device="cuda")).sum().backward()
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return _ddp_forward(self.inner, x)
+
+
+def test_device_ddp_on_adapter_one_no_sync_and_unused_parameters(shim, one_rank):
+    import torch.nn as nn
+
+    from dmlshim import events
+
+    reference = _ddp_model()
+    xs = [torch.randn(5, 4) for _ in range(3)]
+    for x in xs:  # two accumulated micro-batches and one more, as below
+        _ddp_forward(reference, x).backward()
+    shim(device="emulated-dml:2")
+    one_rank("nccl")
+    torch.cuda.set_device(1)
+    model = _Wrapper(_ddp_model()).cuda(1)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[1], output_device=1,
+                                              find_unused_parameters=True)
+    assert isinstance(ddp, nn.parallel.DistributedDataParallel) and ddp.module is model
+    assert "DistributedDataParallel(" in repr(ddp)
+    assert list(ddp.state_dict())[0].startswith("module.inner.")
+    before = events.notes["distributed.ddp.all_reduce"]
+    with ddp.no_sync():
+        ddp(xs[0]).backward()  # a CPU batch goes to the adapter device_ids names
+        ddp(xs[1]).backward()
+    assert events.notes["distributed.ddp.all_reduce"] == before
+    ddp(xs[2]).backward()
+    assert events.notes["distributed.ddp.all_reduce"] == before + 1
+    inner = model.inner
+    assert inner["unused"].weight.grad is None  # unused on every rank: untouched
+    for (name, p), ref in zip(inner.named_parameters(), reference.parameters()):
+        if ref.grad is None:
+            continue
+        assert p.grad.device == torch.device("privateuseone", 1), name
+        assert torch.allclose(p.grad.cpu(), ref.grad, atol=1e-6), name
+    for b, ref in zip(inner.buffers(), reference.buffers()):
+        assert torch.equal(b.cpu(), ref), "running statistics"
 
 
 @pytest.mark.parametrize("count", [1, 2])
@@ -220,11 +290,17 @@ def test_uninstall_restores_every_distributed_attribute(shim):
 
 
 # -- torchrun and mp.spawn, 2 processes ---------------------------------------------------
+# Each DDP run is checked three ways: its ranks end with the same parameters, its losses equal a
+# native gloo run's (bit for bit: the emulator computes with the CPU's kernels and DDP's
+# arithmetic, grad / world summed over ranks, is kept), and rank 0's checkpoint equals, within
+# float32 rounding, one process trained on the same global batches (ddp_reference.py). On
+# emulated-dml:2 every rank has its own adapter and the emulator refuses storage access, as
+# torch-directml does (fact 8), so torch's Reducer cannot run there.
 
-def _torchrun(*args, device=None, launcher=("torchrun",), timeout=LAUNCH_TIMEOUT):
+def _torchrun(*args, device=None, launcher=("torchrun",), timeout=LAUNCH_TIMEOUT, **extra):
     import subprocess
 
-    env = clean_env(**({"DMLSHIM_DEVICE": device} if device else {}))
+    env = clean_env(**({"DMLSHIM_DEVICE": device} if device else {}), **extra)
     if launcher == ("torchrun",):
         cmd = [str(_torchrun_exe())]
     else:
@@ -242,10 +318,52 @@ def _torchrun_exe():
 
 
 @pytest.fixture(scope="module")
-def native_torchrun():
-    proc = _torchrun("ddp_torchrun.py")
+def native_torchrun(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("native") / "native.pt"
+    proc = _torchrun("ddp_torchrun.py", "--save", str(ckpt))
     assert proc.returncode == 0, describe(proc)
     return proc
+
+
+def _reference(script: str, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("reference") / f"{script}.pt"
+    proc = run_native(DIST / "ddp_reference.py", script, "--save", str(ckpt))
+    assert proc.returncode == 0, describe(proc)
+    return losses(proc.stdout), torch.load(ckpt, map_location="cpu")
+
+
+@pytest.fixture(scope="module")
+def torchrun_reference(tmp_path_factory):
+    return _reference("torchrun", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def spawn_reference(tmp_path_factory):
+    return _reference("spawn", tmp_path_factory)
+
+
+def _flat_state(state) -> dict:
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in _flat_state(value).items()})
+        elif isinstance(value, torch.Tensor):
+            out[key] = value
+    return out
+
+
+def _check_against_reference(proc, ckpt, reference):
+    ref_losses, ref_state = reference
+    got = losses(proc.stdout)
+    assert len(got) == len(ref_losses) > 0, describe(proc)
+    # float32 rounding: DDP sums grad/2 over ranks, the reference backpropagates loss/2
+    assert got == pytest.approx(ref_losses, rel=1e-5, abs=1e-6), describe(proc)
+    state = _flat_state(torch.load(ckpt, map_location="cpu"))  # loads without dmlshim
+    expected = _flat_state(ref_state)
+    assert state.keys() == expected.keys()
+    for key, value in state.items():
+        assert value.device.type == "cpu", key
+        assert torch.allclose(value.double(), expected[key].double(), rtol=1e-5, atol=1e-6), key
 
 
 def _check_ddp_run(proc, native):
@@ -260,39 +378,47 @@ def _check_ddp_run(proc, native):
                          proc.stdout, re.M), describe(proc)
 
 
-def test_torchrun_ddp_written_for_nccl_on_cpu(native_torchrun):
-    proc = _torchrun("-m", "dmlshim", "ddp_torchrun.py", device="cpu")
+def test_torchrun_ddp_written_for_nccl_on_cpu(native_torchrun, torchrun_reference, tmp_path):
+    proc = _torchrun("-m", "dmlshim", "ddp_torchrun.py", "--save", str(tmp_path / "c.pt"),
+                     device="cpu")
     _check_ddp_run(proc, native_torchrun)
+    _check_against_reference(proc, tmp_path / "c.pt", torchrun_reference)
     assert "on=cpu" in proc.stdout
 
 
-def test_torchrun_ddp_written_for_nccl_on_emulated_dml(native_torchrun):
-    # python -m torch.distributed.run is torchrun; two ranks share the one emulated adapter
-    proc = _torchrun("-m", "dmlshim", "ddp_torchrun.py", device="emulated-dml",
-                     launcher=("-m", "torch.distributed.run"))
+def test_torchrun_ddp_written_for_nccl_on_two_emulated_adapters(native_torchrun,
+                                                                 torchrun_reference, tmp_path):
+    # python -m torch.distributed.run is torchrun; rank N trains on adapter N, with no_sync
+    proc = _torchrun("-m", "dmlshim", "ddp_torchrun.py", "--save", str(tmp_path / "e.pt"),
+                     device="emulated-dml:2", launcher=("-m", "torch.distributed.run"))
     _check_ddp_run(proc, native_torchrun)
-    assert "on=privateuseone" in proc.stdout
+    _check_against_reference(proc, tmp_path / "e.pt", torchrun_reference)
+    for rank in (0, 1):
+        assert re.search(rf"^collectives {rank} .* on=privateuseone:{rank}$", proc.stdout, re.M), \
+            describe(proc)
 
 
 def test_shimmed_launcher_passes_the_shim_to_its_ranks(native_torchrun):
-    # python -m dmlshim -m torch.distributed.run train.py: the ranks get it through the bootstrap
+    # python -m dmlshim -m torch.distributed.run train.py: the ranks get it through the
+    # bootstrap; two ranks share the one emulated adapter
     proc = _torchrun("ddp_torchrun.py", launcher=("-m", "dmlshim", "--device", "emulated-dml",
                                                   "-m", "torch.distributed.run"))
     _check_ddp_run(proc, native_torchrun)
-    assert "on=privateuseone" in proc.stdout
+    assert "on=privateuseone:0" in proc.stdout and "on=privateuseone:1" not in proc.stdout
 
 
-def test_mp_spawn_ddp_on_cpu_and_emulated_dml(tmp_path):
-    # world size 2 on one adapter: the ranks' set_device(1) wraps to adapter 0
-    cpu = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="cpu", timeout=LAUNCH_TIMEOUT,
-                   cwd=tmp_path)
-    assert cpu.returncode == 0, describe(cpu)
-    emulated = run_shim("dist/ddp_spawn.py", "--nprocs", "2", device="emulated-dml",
-                        timeout=LAUNCH_TIMEOUT, cwd=tmp_path)
-    assert emulated.returncode == 0, describe(emulated)
-    for proc in (cpu, emulated):
+def test_mp_spawn_ddp_on_cpu_and_two_emulated_adapters(tmp_path, spawn_reference):
+    # BatchNorm buffers from rank 0, find_unused_parameters with a head used on even steps
+    runs = {}
+    for device in ("cpu", "emulated-dml:2"):
+        ckpt = tmp_path / f"{device.replace(':', '')}.pt"
+        proc = run_shim("dist/ddp_spawn.py", "--nprocs", "2", "--save", str(ckpt),
+                        device=device, timeout=LAUNCH_TIMEOUT, cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
         params = _params(proc.stdout)
         assert set(params) == {"0", "1"} and params["0"] == params["1"], describe(proc)
+        _check_against_reference(proc, ckpt, spawn_reference)
+        runs[device] = proc
+    cpu, emulated = runs["cpu"], runs["emulated-dml:2"]
     assert losses(emulated.stdout) == losses(cpu.stdout) != []
     assert _params(emulated.stdout) == _params(cpu.stdout)
-

@@ -18,8 +18,8 @@ What is always faithful (not switchable)
       raises "Expected all tensors to be on the same device, ...", as on CUDA.
     * Random numbers come from the CPU default generator, as with torch-directml.
 
-Fidelity switches (``register(switches=...)`` / ``set_switches``); the first four are on by
-default, the bugs are opt-in:
+Fidelity switches (``register(switches=...)`` / ``set_switches``); the gaps are on by default,
+the bugs are opt-in:
 
 ================  ==============================================================================
 ``fallback``      Operators torch-directml 0.2.5 has no kernel for run on the CPU, are counted
@@ -49,6 +49,14 @@ default, the bugs are opt-in:
                   CPU generator (``g.device.type == "cpu"``; older releases raised, #374;
                   seeding "the device" has no effect of its own, #587). Off: the generator
                   reports ``privateuseone:N``.
+``storage``       Device tensors have no storage, as torch-directml's OpaqueTensorImpls:
+                  ``untyped_storage()``/``storage()`` raise ``NotImplementedError: Cannot access
+                  storage of OpaqueTensorImpl``, C++ storage reads (DDP's Reducer) raise the same
+                  message, ``torch._C._has_storage`` is False. Needs the C++ guard extension.
+``inference-mode`` Inside ``torch.inference_mode()`` every op on a device tensor made outside
+                  the region raises "Cannot set version_counter for inference tensor".
+``bfloat16``      A bfloat16 tensor reaching the device prints torch-directml's
+                  ``dml_util.cc:118 Invalid or unsupported data type BFloat16`` and aborts.
 ``bug-ce-none``   ``cross_entropy(reduction="none")`` gives zero gradients (#739, #740).
 ``bug-mul-bool``  ``float_tensor * bool_tensor`` and ``*=`` give bool (#686, #737).
 ``bug-bn-stats``  BatchNorm running statistics are not updated in training (#362).
@@ -56,17 +64,18 @@ default, the bugs are opt-in:
 
 Not reproduced: copies between two adapters giving zeros (#443), ``eye`` returning an empty
 tensor (#431), float64 computed at float32 precision on adapters that accept it (#398),
-missing bfloat16 (#688), ``tensor.new()`` (#400), checkpoint location tags (#196, #466):
+``tensor.new()`` (#400), checkpoint location tags (#196, #466):
 emulated tensors are saved as CPU data plus the device string.
 
 Autograd needs a PrivateUse1 device guard, and PyTorch's autograd engine sizes its device
 queues once, at the first backward() of the process: register the emulator (or call
 :func:`install_device_guard`) before any backward() runs, else backward() on the device fails
-with an INTERNAL ASSERT about ``device_ready_queues_`` (:func:`autograd_ready` tells). torch < 2.5 has no Python guard: a
-small C++ one (``_guard.cpp``) is built once with ``torch.utils.cpp_extension`` (g++ and ninja;
-cached in the torch extensions directory, ``TORCH_EXTENSIONS_DIR``). On newer torch PyTorch's
-private Python guard is used; it reports one device, so backward() works on
-``privateuseone:0`` only, unless ``install_device_guard(cpp=True)`` ran first.
+with an INTERNAL ASSERT about ``device_ready_queues_`` (:func:`autograd_ready` tells). The
+guard is a small C++ one (``_guard.cpp``), built once with ``torch.utils.cpp_extension`` (g++
+and ninja; cached in the torch extensions directory, ``TORCH_EXTENSIONS_DIR``) on every torch:
+torch < 2.5 has no Python guard, and PyTorch's private Python guard on newer torch reports one
+device, so backward() would work on ``privateuseone:0`` only. Without a compiler on torch >= 2.5
+the Python guard is used, and ``register(count > 1)`` refuses.
 
 Kernel hook: a kernel registered for the ``PrivateUse1`` dispatch key through
 ``torch.library`` (or with :func:`register_device_kernel`) runs instead of the emulator's
@@ -147,9 +156,10 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
     earlier (e.g. at the start of a test session) when a backward() may run before the
     emulator is registered. Nothing else is registered (no device module, no kernels).
 
-    ``cpp=None`` builds the small C++ guard on torch < 2.5 and uses PyTorch's Python guard on
-    newer torch; that one reports a single device, so backward() then works on
-    ``privateuseone:0`` only. ``cpp=True`` builds the C++ guard (8 adapters) on any torch.
+    ``cpp=None`` builds the small C++ guard (8 adapters or more) on every torch, falling back
+    to PyTorch's Python guard on torch >= 2.5 when it cannot be built (one device: backward()
+    works on ``privateuseone:0`` only). ``cpp=True`` insists on the C++ guard; ``cpp=False``
+    takes the Python one where torch has it.
     Raises EmulatorError if torch_directml is imported or the C++ guard cannot be built.
     """
     from dmlshim.emulator import _backend

@@ -15,6 +15,7 @@ The backend keeps the name ``privateuseone`` (torch-directml does not rename it)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -22,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from dmlshim.emulator import _memory
+from dmlshim.emulator import _memory, _tensor
 from dmlshim.emulator._state import EmulatorError, check_index, state
 from dmlshim.emulator._tensor import EmuTensor, check_float64, sync_metadata, wrap
 
@@ -175,7 +176,12 @@ def _build_cpp_guard() -> Any:
 
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.cpp")
     try:
-        return cpp_extension.load(name="dmlshim_emulator_guard", sources=[source],
+        # The name carries the source's hash: checkouts with different versions of the guard
+        # share the torch extensions cache, and one name would make them rebuild and load
+        # each other's module.
+        with open(source, "rb") as f:
+            digest = hashlib.sha1(f.read()).hexdigest()[:10]
+        return cpp_extension.load(name=f"dmlshim_emulator_guard_{digest}", sources=[source],
                                   extra_cflags=["-O1"], verbose=False)
     except Exception as err:  # compiler errors, missing ninja, ...
         raise EmulatorError(
@@ -229,9 +235,11 @@ def _allow_foreach() -> None:
 def install_device_guard(cpp: Optional[bool] = None) -> str:
     """Register the PrivateUse1 device guard only (once); return "cpp" or "python".
 
-    ``cpp=None``: the C++ guard on torch < 2.5 (or a torch without the Python hooks), else
-    PyTorch's Python one, which reports a single device, so that backward() works on
-    ``privateuseone:0`` only. ``cpp=True`` builds the C++ guard on any torch (8 devices).
+    ``cpp=None``: the C++ guard (``_guard.cpp``, 8 adapters or more) on every torch; on
+    torch >= 2.5 without a working compiler, PyTorch's Python guard instead, which reports a
+    single device whose index is always 0: backward() then works on ``privateuseone:0`` only,
+    so ``register(count > 1)`` refuses. ``cpp=True`` insists on the C++ guard (an error when it
+    cannot be built); ``cpp=False`` takes the Python one where torch has it.
     """
     global _cpp_guard, _guard_kind
     if _guard_kind:
@@ -239,11 +247,22 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
     if "torch_directml" in sys.modules:
         raise EmulatorError("dmlshim emulator: torch_directml is imported; it has its own device "
                             "guard, the emulator's must not replace it")
-    if cpp or _torch_version() < (2, 5) or not _install_python_guard():
-        _cpp_guard = _build_cpp_guard()
-        _guard_kind = "cpp"
-    else:
+    if cpp is False and _torch_version() >= (2, 5) and _install_python_guard():
         _guard_kind = "python"
+        return _guard_kind
+    try:
+        _cpp_guard = _build_cpp_guard()
+    except EmulatorError as err:
+        if cpp or _torch_version() < (2, 5) or not _install_python_guard():
+            raise
+        import logging
+
+        logging.getLogger("dmlshim").info(
+            "%s; using PyTorch's Python device guard: backward() works on privateuseone:0 only",
+            err)
+        _guard_kind = "python"
+        return _guard_kind
+    _guard_kind = "cpp"
     return _guard_kind
 
 
@@ -265,12 +284,23 @@ def autograd_ready() -> bool:
     return True
 
 
+def _check_guard_covers(count: int) -> None:
+    if count > 1 and _guard_kind == "python":
+        raise EmulatorError(
+            f"dmlshim emulator: {count} emulated adapters need the emulator's C++ device guard "
+            "(PyTorch's Python guard knows one device: backward() on privateuseone:1 would hit "
+            "an autograd INTERNAL ASSERT), and it could not be built: install g++ and ninja "
+            "(pip install ninja), or use emulated-dml with one adapter"
+        )
+
+
 def install() -> None:
     """Hook the emulator into PyTorch (once per process)."""
     global _lib, _installed
     if _installed:
         if _cpp_guard is not None:
             _cpp_guard.set_device_count(state.count)
+        _check_guard_covers(state.count)
         return
     if torch._C._get_privateuse1_backend_name() != "privateuseone":
         raise EmulatorError(
@@ -286,6 +316,7 @@ def install() -> None:
     install_device_guard()
     if _cpp_guard is not None:
         _cpp_guard.set_device_count(state.count)
+    _check_guard_covers(state.count)
     _install_python_hooks()
     torch._register_device_module("privateuseone", DeviceModule)
     _lib = torch.library.Library("aten", "IMPL")  # kept alive for the process
@@ -294,6 +325,9 @@ def install() -> None:
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _allow_foreach()
+    if _cpp_guard is not None:  # the storage gap needs it (without: storage stays accessible)
+        _tensor.refuse_storage = _cpp_guard.refuse_storage
+        _tensor.set_metadata = _cpp_guard.set_metadata
     from dmlshim.emulator import _generator, _ops  # noqa: F401 - _ops fills the op tables
 
     _generator.install()

@@ -1,8 +1,10 @@
-// A DeviceGuardImplInterface for PrivateUse1, built on torch < 2.5 (or on request).
+// A DeviceGuardImplInterface for PrivateUse1, built on every torch where a compiler exists.
 //
 // torch 2.4 (what torch-directml 0.2.5 pins) has no Python-level device guard, and the
 // autograd engine aborts in backward() with "PyTorch is not linked with support for
-// privateuseone devices" unless a C++ guard is registered for the device type. The emulator
+// privateuseone devices" unless a C++ guard is registered for the device type. torch >= 2.5
+// has a Python one, but it reports one device whose index is always 0, so the autograd engine
+// has no queue for privateuseone:1 (an INTERNAL ASSERT in backward() on adapter 1). The emulator
 // keeps its data on the CPU, so there are no streams or events: this guard only tracks the
 // current device index (per thread, like CUDA) and reports a device count.
 //
@@ -92,8 +94,25 @@ void set_current_device(int64_t index) {
   t_current_device = static_cast<c10::DeviceIndex>(index);
 }
 
+// torch-directml's tensors are OpaqueTensorImpls: storage access throws. The emulator's wrapper
+// tensors get the same refusal (and lose their placeholder storage): what
+// torch._C._set_storage_access_error_msg does on torch >= 2.5 builds, which torch 2.4's CPU
+// build lacks.
+void refuse_storage(const at::Tensor& t, const std::string& message) {
+  t.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(message);
+}
+
+// Sizes, strides and offset of a wrapper tensor whose storage access throws (set_() would read
+// its storage): after an in-place resize of its CPU payload.
+void set_metadata(const at::Tensor& t, const std::vector<int64_t>& sizes,
+                  const std::vector<int64_t>& strides, int64_t offset) {
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device_count", &set_device_count, "adapters to cover (at least 8)");
   m.def("current_device", &current_device, "current adapter index of this thread");
   m.def("set_current_device", &set_current_device, "set this thread's current adapter");
+  m.def("refuse_storage", &refuse_storage, "make storage access of a tensor throw");
+  m.def("set_metadata", &set_metadata, "set sizes, strides and storage offset of a tensor");
 }

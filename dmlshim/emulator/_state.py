@@ -14,6 +14,7 @@ import torch
 # reproduced only when asked for (they make results differ from the CPU on purpose). The names
 # are the ones dmlshim.config accepts for DMLSHIM_EMULATOR_GAPS.
 GAPS = ("fallback", "float64", "autocast", "generator")
+GAPS += ("storage", "inference-mode", "bfloat16")  # facts 8, 9, 6 of the real wheel
 BUGS = ("bug-ce-none", "bug-mul-bool", "bug-bn-stats")
 ALL_SWITCHES = GAPS + BUGS
 
@@ -35,6 +36,9 @@ class _State:
     float64: bool = True
     autocast: bool = True
     generator: bool = True
+    storage: bool = True
+    inference_mode: bool = True
+    bfloat16: bool = True
     bug_ce_none: bool = False
     bug_mul_bool: bool = False
     bug_bn_stats: bool = False
@@ -65,6 +69,9 @@ def apply_switches(names: frozenset) -> None:
     state.float64 = "float64" in names
     state.autocast = "autocast" in names
     state.generator = "generator" in names
+    state.storage = "storage" in names
+    state.inference_mode = "inference-mode" in names
+    state.bfloat16 = "bfloat16" in names
     state.bug_ce_none = "bug-ce-none" in names
     state.bug_mul_bool = "bug-mul-bool" in names
     state.bug_bn_stats = "bug-bn-stats" in names

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import copy
-from typing import Any, Callable, Dict, Tuple
+import os
+import sys
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -19,6 +21,13 @@ from dmlshim.emulator import _fallback, _memory, _policy
 from dmlshim.emulator._state import EmulatorError, check_index, state
 
 F64_MESSAGE = "The GPU device does not support Double (Float64) operations!"
+# torch-directml's tensors are OpaqueTensorImpls (fact 8 of the real wheel).
+STORAGE_MESSAGE = "Cannot access storage of OpaqueTensorImpl"
+# torch.inference_mode() on torch-directml (fact 9): ops on tensors made outside the region fail.
+INFERENCE_MESSAGE = "Cannot set version_counter for inference tensor"
+# A bfloat16 tensor on torch-directml kills the process (fact 6, #688), from its native code.
+BF16_MESSAGE = "dml_util.cc:118 Invalid or unsupported data type BFloat16"
+_inference_enabled = torch.is_inference_mode_enabled
 
 _PU1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -33,10 +42,41 @@ BUGS: Dict[str, Tuple[str, Callable]] = {}
 CPU_IMPLS: Dict[str, Callable] = {}
 _PLANS: Dict[Any, _policy.Plan] = {}
 
+# Set by _backend.install(): (tensor, message) -> None makes C++ storage access of a wrapper
+# throw; (tensor, sizes, strides, offset) -> None sets the metadata of such a wrapper.
+refuse_storage: Optional[Callable] = None
+set_metadata: Optional[Callable] = None
+
+
+def _refused() -> NotImplementedError:
+    return NotImplementedError(STORAGE_MESSAGE)
+
 
 def check_float64(dtype: torch.dtype) -> None:
     if dtype is torch.float64 and state.float64:
         raise RuntimeError(F64_MESSAGE)
+
+
+def abort_bfloat16() -> None:
+    """Die as torch-directml does when a bfloat16 tensor reaches the device: a line on stderr
+    from its native code, then abort() -- no Python exception, no traceback, no atexit."""
+    try:
+        sys.stderr.flush()
+        os.write(2, (BF16_MESSAGE + "\n").encode())
+    finally:
+        os.abort()
+
+
+def _check_inference(args, kwargs) -> None:
+    """Inside torch.inference_mode(): refuse device tensors made outside it, as the wheel does."""
+    for a in args:
+        if type(a) is EmuTensor and not a.is_inference():
+            raise RuntimeError(INFERENCE_MESSAGE)
+        if (type(a) is list or type(a) is tuple) and a and type(a[0]) is EmuTensor:
+            if any(not x.is_inference() for x in a if type(x) is EmuTensor):
+                raise RuntimeError(INFERENCE_MESSAGE)
+    if kwargs:
+        _check_inference(tuple(kwargs.values()), None)
 
 
 class EmuTensor(torch.Tensor):
@@ -50,6 +90,8 @@ class EmuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if state.inference_mode and _inference_enabled():
+            _check_inference(args, kwargs)
         plan = _PLANS.get(func)
         if plan is None:
             plan = _PLANS[func] = _policy.build(func, SPECIALS, BUGS, CPU_IMPLS)
@@ -73,6 +115,8 @@ class EmuTensor(torch.Tensor):
     # (emulated -> emulated dtype changes): keep the CPU elem in step with the new metadata.
     @property
     def data(self):
+        if state.inference_mode and _inference_enabled() and not self.is_inference():
+            raise RuntimeError(INFERENCE_MESSAGE)
         return _data_descriptor.__get__(self, type(self))
 
     @data.setter
@@ -81,6 +125,23 @@ class EmuTensor(torch.Tensor):
         if isinstance(value, EmuTensor):
             self._elem = value._elem
             self._index = value._index
+
+    # The storage gap: no storage, as on torch-directml (C++ paths raise from the TensorImpl,
+    # see wrap(); these are the Python entry points, NotImplementedError like the wheel's).
+    def untyped_storage(self):
+        if state.storage:
+            raise _refused()
+        return super().untyped_storage()
+
+    def storage(self):
+        if state.storage:
+            raise _refused()
+        return super().storage()
+
+    def _typed_storage(self):
+        if state.storage:
+            raise _refused()
+        return super()._typed_storage()
 
     def data_ptr(self) -> int:
         # The wrapper has no memory of its own; expose the CPU elem's address so that code that
@@ -177,6 +238,8 @@ def wrap(elem: torch.Tensor, index: int) -> EmuTensor:
     """A new emulated tensor on adapter ``index`` holding ``elem`` (a CPU tensor)."""
     if elem.dtype is torch.float64 and state.float64:
         raise RuntimeError(F64_MESSAGE)
+    if elem.dtype is torch.bfloat16 and state.bfloat16:
+        abort_bfloat16()
     if elem.layout is not torch.strided:
         raise EmulatorError(f"dmlshim emulator: {elem.layout} tensors are not supported")
     out = torch.Tensor._make_wrapper_subclass(
@@ -185,6 +248,8 @@ def wrap(elem: torch.Tensor, index: int) -> EmuTensor:
     )
     out._elem = elem
     out._index = index
+    if state.storage and refuse_storage is not None:
+        refuse_storage(out, STORAGE_MESSAGE)
     _memory.track(elem, index)
     return out
 
@@ -194,6 +259,10 @@ def sync_metadata(wrapper: EmuTensor) -> None:
     elem = wrapper._elem
     if (wrapper.size() == elem.size() and wrapper.stride() == elem.stride()
             and wrapper.storage_offset() == elem.storage_offset()):
+        return
+    if set_metadata is not None and state.storage:  # set_() below would read its storage
+        set_metadata(wrapper, list(elem.size()), list(elem.stride()), elem.storage_offset())
+        _memory.refresh(elem)
         return
     numel = max(elem.untyped_storage().nbytes() // max(elem.element_size(), 1), 1)
     husk = torch.Tensor._make_wrapper_subclass(

@@ -11,10 +11,12 @@ torch's own code keeps seeing the truth (``called_from_torch``): the group is a 
   :class:`StagingProcessGroup` — a ``torch.distributed.ProcessGroup`` written in Python, the
   extension point PyTorch offers for this (``Backend.register_backend``). Every collective on a
   DirectML tensor is staged through host memory: copy device -> CPU, run gloo, copy the result
-  back. DDP's gradient buckets, its start-up parameter broadcast and buffer broadcasts, and the
-  script's own ``all_reduce``/``broadcast``/``all_gather``/... all go through it, because they all
-  go through the process group. Cost: two copies of each tensor per collective, and the
-  collective is synchronous (DDP cannot overlap gradient communication with the backward pass).
+  back. The script's own ``all_reduce``/``broadcast``/``all_gather``/... go through it.
+  Cost: two copies of each tensor per collective, and the collective is synchronous.
+* DDP on DirectML: torch's Reducer reads gradient storage, which DirectML tensors lack
+  ("Cannot access storage of OpaqueTensorImpl"), so a module on the device gets
+  :class:`dmlshim.patches._ddp_device.DeviceDistributedDataParallel` (a subclass of torch's DDP
+  that all-reduces gradients through the host), unless ``DMLSHIM_GUARDS=off``.
 * ``nn.DataParallel`` on DirectML runs the module on one adapter (see :func:`_data_parallel_init`).
 """
 
@@ -235,7 +237,7 @@ class DistributedPatch(Patch):
             self._register_staging_backend()
         self._install_init(target, c10d)
         self._install_answers(c10d)
-        self._install_ddp()
+        self._install_ddp(target, config)
         if target.is_directml:
             self._install_data_parallel()
 
@@ -343,13 +345,18 @@ class DistributedPatch(Patch):
                 self.wrap(owner, "is_backend_available", backend_available)
 
     # -- DistributedDataParallel(device_ids=[local_rank], output_device=local_rank) ----------
-    def _install_ddp(self) -> None:
+    def _install_ddp(self, target, config) -> None:
         from torch.nn.parallel import DistributedDataParallel
+
+        # DirectML tensors have no storage, which DDP's Reducer reads (fact 8): there the
+        # script gets DeviceDistributedDataParallel, unless DMLSHIM_GUARDS=off asks for torch's.
+        device_ddp = target.is_directml and config.guards == "on"
 
         def ddp_init(wrapped, instance, args, kwargs):
             # On a CUDA machine device_ids names the one GPU of this process; everywhere else
             # torch wants None (the module's own device is used).
             args = list(args)
+            input_device = None
             for pos, key in ((1, "device_ids"), (2, "output_device")):
                 value = args[pos] if len(args) > pos else kwargs.get(key)
                 if value is None:
@@ -358,11 +365,24 @@ class DistributedPatch(Patch):
                 if values and all(_cuda_device_arg(v) for v in values):
                     for v in values:
                         devicemap.check_index(v if isinstance(v, int) else (devicemap.cuda_index(v) or 0))
+                    if key == "device_ids" and len(values) == 1:
+                        v = values[0]
+                        input_device = devicemap.device_for(
+                            v if isinstance(v, int) else devicemap.cuda_index(v))
                     if len(args) > pos:
                         args[pos] = None
                     else:
                         kwargs[key] = None
                     events.redirected(f"DistributedDataParallel({key})", value, None, tag="dropped")
+            module = args[0] if args else kwargs.get("module")
+            if device_ddp and _on_device(module, target):
+                from dmlshim.patches._ddp_device import DeviceDistributedDataParallel
+
+                instance.__class__ = DeviceDistributedDataParallel
+                events.redirected("DistributedDataParallel", "Reducer",
+                                  "gradients all-reduced through the host", tag="emulated")
+                return DeviceDistributedDataParallel.__init__(
+                    instance, *args, input_device=input_device, **kwargs)
             return wrapped(*args, **kwargs)
 
         self.wrap(DistributedDataParallel, "__init__", ddp_init)
@@ -370,6 +390,13 @@ class DistributedPatch(Patch):
     # -- nn.DataParallel ---------------------------------------------------------------------
     def _install_data_parallel(self) -> None:
         self.wrap(torch.nn.DataParallel, "__init__", _data_parallel_init)
+
+
+def _on_device(module: Any, target) -> bool:
+    """Whether ``module``'s parameters are on the target's DirectML device type."""
+    if not isinstance(module, torch.nn.Module):
+        return False
+    return any(p.device.type == target.device_type for p in module.parameters())
 
 
 def _data_parallel_init(wrapped, instance, args, kwargs):
