@@ -15,9 +15,12 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 ENV_PREFIX = "DMLSHIM_"
 
-# Emulator fidelity switches (see dmlshim/emulator). The first four are on by default; the
-# wrong-result bugs are opt-in because they make results differ from the CPU on purpose.
-EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator")
+# Emulator fidelity switches (see dmlshim/emulator). The gaps are on by default (under "all");
+# bug-bn-stats is opt-in (0.2.5 does not have it); bug-ce-none/bug-mul-bool are the old names of
+# nll-none-backward/mul-bool.
+EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye",
+                 "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
+                 "channels-last", "layer-norm-nobias")
 EMULATOR_BUGS = ("bug-ce-none", "bug-mul-bool", "bug-bn-stats")
 
 

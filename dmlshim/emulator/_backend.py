@@ -24,7 +24,13 @@ import torch
 
 from dmlshim.emulator import _memory
 from dmlshim.emulator._state import EmulatorError, check_index, state
-from dmlshim.emulator._tensor import EmuTensor, check_float64, sync_metadata, wrap
+from dmlshim.emulator._tensor import (
+    EmuTensor,
+    check_float64,
+    check_memory_format,
+    sync_metadata,
+    wrap,
+)
 
 _CPU = torch.device("cpu")
 _lib: Optional[Any] = None
@@ -38,6 +44,7 @@ def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memo
     index = check_index(device.index if device is not None else None)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     check_float64(dtype)
+    check_memory_format(memory_format)
     # device=cpu explicitly: a torch.device(...) context or set_default_device must not send
     # this inner allocation back to the emulator.
     elem = torch.empty(size, dtype=dtype, device=_CPU,
@@ -229,9 +236,12 @@ def _allow_foreach() -> None:
 def install_device_guard(cpp: Optional[bool] = None) -> str:
     """Register the PrivateUse1 device guard only (once); return "cpp" or "python".
 
-    ``cpp=None``: the C++ guard on torch < 2.5 (or a torch without the Python hooks), else
-    PyTorch's Python one, which reports a single device, so that backward() works on
-    ``privateuseone:0`` only. ``cpp=True`` builds the C++ guard on any torch (8 devices).
+    ``cpp=None``: the C++ guard when it can be built (g++ and ninja; cached), else PyTorch's
+    Python one (torch >= 2.5 only). The Python guard reports a single device, and an operator
+    that raises inside backward() takes the process down with it (``PythonDeviceGuard``'s
+    noexcept ``exchangeStream`` calls into Python while the error is pending: std::terminate),
+    where torch-directml and the C++ guard raise the error to the caller. ``cpp=True`` insists
+    on the C++ guard, ``cpp=False`` takes the Python one where torch has it.
     """
     global _cpp_guard, _guard_kind
     if _guard_kind:
@@ -239,11 +249,19 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
     if "torch_directml" in sys.modules:
         raise EmulatorError("dmlshim emulator: torch_directml is imported; it has its own device "
                             "guard, the emulator's must not replace it")
-    if cpp or _torch_version() < (2, 5) or not _install_python_guard():
-        _cpp_guard = _build_cpp_guard()
-        _guard_kind = "cpp"
-    else:
+    python_ok = _torch_version() >= (2, 5) and hasattr(getattr(torch._C, "_acc", None),
+                                                        "register_python_privateuseone_device_guard")
+    if cpp is False and python_ok and _install_python_guard():
         _guard_kind = "python"
+        return _guard_kind
+    try:
+        _cpp_guard = _build_cpp_guard()
+    except EmulatorError:
+        if cpp or not python_ok or not _install_python_guard():
+            raise
+        _guard_kind = "python"
+        return _guard_kind
+    _guard_kind = "cpp"
     return _guard_kind
 
 
