@@ -101,8 +101,8 @@ OPTIONS: Tuple[Option, ...] = (
            "compute ops that torch-directml runs on the CPU from ops it supports",
            _one_of("on", "off")),
     Option("guards", "on", "on, off",
-           "work around torch-directml 0.2.5's known wrong-result bugs (real DirectML; on the "
-           "emulator when its bug switch is on)",
+           "work around torch-directml 0.2.5's known wrong results and failures (on DirectML, "
+           "real or emulated)",
            _one_of("on", "off")),
     Option("emulator_gaps", "all",
            "all, none, or a comma list of all, " + ", ".join(EMULATOR_GAPS + EMULATOR_BUGS),
