@@ -75,6 +75,11 @@ def mul_forms():
     return {"x*m": enc(xd * md), "mul": enc(torch.mul(xd, md)), "m*x": enc(md * xd),
             "x*=m": enc(inplace), "x*2": enc(xd * 2)}
 case("mul_bool", mul_forms)
+def mul_inplace_broadcast():
+    xd = x.to(dev).clone()
+    xd *= torch.ones(2, 4, device=dev)  # in place must refuse to grow (an out= kernel would not)
+    return enc(xd)
+case("mul_inplace_broadcast", mul_inplace_broadcast)
 
 # fact 4: nll_loss / cross_entropy(reduction='none') backward (#739), non-uniform upstream
 logits = torch.randn(5, 4)
@@ -207,7 +212,7 @@ def close(a: Any, b: Any, tol: float = 1e-5) -> bool:
     return a == b
 
 
-CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "nll_none", "masked_fill_uint8", "masked_fill_bool",
+CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none", "masked_fill_uint8", "masked_fill_bool",
              "reflect_pad", "reflect_pad_grad", "reflect_pad_square", "reflect_pad_square_grad",
              "ln_weight_only", "ln_neither",
              "ln_weight_input_no_grad", "ln_weight_and_bias"]

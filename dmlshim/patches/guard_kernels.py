@@ -69,6 +69,12 @@ def mul_tensor(self: Tensor, other: Tensor) -> Tensor:
 
 
 def mul__tensor(self: Tensor, other: Tensor) -> Tensor:
+    if isinstance(other, Tensor) and other.shape != self.shape and other.dim() > 0:
+        # an out= kernel would resize self where the in-place op must refuse
+        shape = torch.broadcast_shapes(self.shape, other.shape)
+        if shape != self.shape:
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
+                               f"broadcast shape {list(shape)}")
     if _float_bool(self, other) and self.dtype.is_floating_point:
         events.note("guard.mul_bool")
         other = other.to(self.dtype)
