@@ -390,3 +390,38 @@ def test_kernel_table_matches_the_installed_wheel():
     wheel = set(json.loads(line[len("REGS "):]))
     assert len(wheel) > 200
     assert sorted(wheel - DML_KERNELS_0_2_5) == [] and sorted(DML_KERNELS_0_2_5 - wheel) == []
+
+
+def test_fallback_collection_leaves_the_scripts_settings_alone(shim):
+    from dmlshim import events
+
+    events.reset()
+    assert not torch.is_warn_always_enabled()
+    shim(device="emulated-dml")
+    try:
+        assert torch.is_warn_always_enabled()  # makes the wheel's TORCH_WARN_ONCE site fire
+        a = torch.ones(4, device="privateuseone")
+        with warnings.catch_warnings(record=True) as caught:
+            for _ in range(3):
+                torch.count_nonzero(a)  # shown once, counted three times
+            shown_by_default = len(_fallback_warnings(caught))
+            warnings.simplefilter("always")  # the script's own filter decides
+            torch.count_nonzero(a)
+            torch.count_nonzero(a)
+            shown_always = len(_fallback_warnings(caught)) - shown_by_default
+            warnings.simplefilter("ignore")
+            torch.count_nonzero(a)
+            shown_ignored = len(_fallback_warnings(caught)) - shown_by_default - shown_always
+        assert (shown_by_default, shown_always, shown_ignored) == (1, 2, 0)
+        assert events.cpu_fallbacks == {"aten::count_nonzero.dim_IntList": 5}
+        torch.set_warn_always(False)  # the script turns it off: it stays off
+    finally:
+        import dmlshim
+
+        dmlshim.uninstall()
+        events.reset()
+    assert not torch.is_warn_always_enabled()
+    assert not any(f[1] is not None and "DML backend" in f[1].pattern for f in warnings.filters)
+    shim(device="emulated-dml")
+    dmlshim.uninstall()
+    assert not torch.is_warn_always_enabled()  # restored to the value before install
