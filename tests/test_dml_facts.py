@@ -368,9 +368,30 @@ def test_channels_last_is_refused_on_to_like_the_wheel(emu):
 # -- the kernel table against the installed wheel (torch 2.4.1 lane) -------------------------
 
 _REGISTRATIONS = r"""
-import json, torch, torch_directml
+import json, warnings
+import torch, torch_directml
+from dmlshim import config
+from dmlshim.patches.guard_kernels import KERNEL_GUARDS
+from dmlshim.patches.guards import GuardsPatch
+from dmlshim.target import Target
+
 regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
 print("REGS " + json.dumps(sorted(r for r in regs if r.startswith("aten::"))))
+
+# dmlshim's guard kernels go over the wheel's own and give them back at uninstall
+ops = ["aten::" + op for _, _, kernels in KERNEL_GUARDS.values() for op in kernels]
+def table():
+    return {op: [line for line in torch._C._dispatch_dump_table(op).splitlines()
+                 if line.startswith("PrivateUse1:")] for op in ops}
+before = table()
+patch = GuardsPatch()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    patch.install(Target("dml", 1, "test"), config.load({"device": "cpu"}, environ={}))
+during = table()
+patch.uninstall()
+print("GUARDS " + json.dumps({"before": before, "during": during, "after": table(),
+                              "warnings": [str(w.message) for w in caught]}))
 """
 
 
@@ -382,14 +403,23 @@ def test_kernel_table_matches_the_installed_wheel():
     env = clean_env(DMLSHIM_DISABLE="1",
                     LD_LIBRARY_PATH=os.pathsep.join(
                         p for p in (pkg, os.environ.get("LD_LIBRARY_PATH")) if p))
-    # importing registers the kernels with the dispatcher; no adapter is needed for that
+    # importing registers the kernels with the dispatcher; no adapter is needed for that, nor
+    # for registering dmlshim's guard kernels over them
     proc = subprocess.run([sys.executable, "-c", _REGISTRATIONS], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, describe(proc)
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("REGS "))
-    wheel = set(json.loads(line[len("REGS "):]))
+    lines = {x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1]) for x in proc.stdout.splitlines()
+             if x.startswith(("REGS ", "GUARDS "))}
+    wheel = set(lines["REGS"])
     assert len(wheel) > 200
     assert sorted(wheel - DML_KERNELS_0_2_5) == [] and sorted(DML_KERNELS_0_2_5 - wheel) == []
+    guards = lines["GUARDS"]
+    assert guards["warnings"] == []  # no "Overriding a previously registered kernel" for users
+    assert guards["after"] == guards["before"]
+    for op, rows in guards["during"].items():
+        assert rows != guards["before"][op] and "[kernel]" in rows[0], (op, rows)
+    # (some of them replace a kernel of the wheel's, e.g. masked_fill_ and reflection_pad2d)
+    assert "torch_directml" in guards["before"]["aten::masked_fill_.Scalar"][0]
 
 
 def test_fallback_collection_leaves_the_scripts_settings_alone(shim):
