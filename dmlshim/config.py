@@ -15,10 +15,12 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 ENV_PREFIX = "DMLSHIM_"
 
-# Emulator fidelity switches (see dmlshim/emulator). The first four are on by default; the
-# wrong-result bugs are opt-in because they make results differ from the CPU on purpose.
-EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator")
-EMULATOR_GAPS += ("storage", "inference-mode", "bfloat16")  # torch-directml facts 8, 9, 6
+# Emulator fidelity switches (see dmlshim/emulator). The gaps are on by default (under "all");
+# bug-bn-stats is opt-in (0.2.5 does not have it); bug-ce-none/bug-mul-bool are the old names of
+# nll-none-backward/mul-bool.
+EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye",
+                 "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
+                 "channels-last", "layer-norm-nobias", "storage", "inference-mode", "bfloat16")
 EMULATOR_BUGS = ("bug-ce-none", "bug-mul-bool", "bug-bn-stats")
 
 
@@ -111,8 +113,8 @@ OPTIONS: Tuple[Option, ...] = (
            "compute ops that torch-directml runs on the CPU from ops it supports",
            _one_of("on", "off")),
     Option("guards", "on", "on, off",
-           "work around torch-directml 0.2.5's known wrong-result bugs (real DirectML; on the "
-           "emulator when its bug switch is on)",
+           "work around torch-directml 0.2.5's known wrong results and failures (on DirectML, "
+           "real or emulated)",
            _one_of("on", "off")),
     Option("emulator_gaps", "all",
            "all, none, or a comma list of all, " + ", ".join(EMULATOR_GAPS + EMULATOR_BUGS),

@@ -3,8 +3,13 @@
 Prints the system (OS, Python, torch, torch-directml and its adapters), the target ``auto``
 would pick and why, float64 support, every option with its value and where it came from, and
 then tries the setup: installs the shim for the requested device, runs a few tensor ops on
-``cuda``, and uninstalls. Exit status 0 when the setup can run, 1 (with the reason on the last
-line) when it cannot.
+``cuda``, and uninstalls — in a subprocess with torch_directml's folder on ``LD_LIBRARY_PATH``
+when the target is DirectML on Linux and this process lacks it (the loader reads the variable
+only at process start; the runner re-executes itself the same way). Exit status 0 when the
+setup can run, 1 (with the reason on the last line) when it cannot.
+
+Where an adapter has a native PyTorch backend (Radeon RX 7000/9000: ROCm on Windows; Intel Arc:
+XPU), one ``info:`` line says so; the facts are fixed text, nothing is looked up.
 
 torch_directml is never imported here unless the subprocess probe
 (:func:`dmlshim.target.probe_directml`) found a usable adapter: on plain Linux the import
@@ -14,10 +19,13 @@ crashes the process.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import platform
+import re
+import subprocess
 import sys
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from dmlshim import config as cfgmod
 from dmlshim import target as targetmod
@@ -29,6 +37,7 @@ class _Out:
     def __init__(self) -> None:
         self.problems: List[str] = []
         self.notes: List[str] = []
+        self.infos: List[str] = []
 
     @staticmethod
     def section(title: str) -> None:
@@ -94,6 +103,57 @@ def _describe(tgt: targetmod.Target) -> str:
     return f"{tgt.kind} ({names})"
 
 
+_RADEON_RE = re.compile(r"\bRadeon\b.*\bRX\s*[79]\d{3}", re.I)
+_ARC_RE = re.compile(r"\bIntel\b.*\bArc\b", re.I)
+
+
+def native_backend_note(adapter_names: Sequence[str]) -> Optional[str]:
+    """One line naming the native PyTorch backend for an adapter that has one (else None)."""
+    for name in adapter_names:
+        if _RADEON_RE.search(name):
+            return (f"adapter {name!r} is a Radeon RX 7000/9000-series GPU: PyTorch on Windows "
+                    "with ROCm (AMD's preview builds, ROCm 6.4.4 and later) runs CUDA scripts "
+                    "natively there (torch.cuda is the GPU; dmlshim then stays inert)")
+        if _ARC_RE.search(name):
+            return (f"adapter {name!r} is an Intel Arc GPU: PyTorch's upstream XPU build runs "
+                    "on it natively (device 'xpu', torch.xpu), which Intel recommends over "
+                    "DirectML")
+    return None
+
+
+_SMOKE_CHILD = r"""
+import json, sys
+from dmlshim import config, doctor, target
+cfg = config.Config(*json.loads(sys.argv[1]))
+missing = target.directml_library_path_missing()
+error = doctor._smoke_test(cfg) if missing is None else (
+    f"torch_directml's folder {missing} is not on LD_LIBRARY_PATH in the check's process")
+print("DMLSHIM_SMOKE " + json.dumps(error))
+"""
+
+
+def _smoke_test_in_subprocess(cfg: cfgmod.Config, library_dir: str) -> Optional[str]:
+    """:func:`_smoke_test` in a child whose ``LD_LIBRARY_PATH`` starts with ``library_dir``."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (library_dir, env.get("LD_LIBRARY_PATH")) if p)
+    env["DMLSHIM_DISABLE"] = "1"  # no install at import: the child installs like this process
+    args = json.dumps([dict(cfg.values), dict(cfg.sources)])
+    try:
+        proc = subprocess.run([sys.executable, "-c", _SMOKE_CHILD, args], capture_output=True,
+                              text=True, env=env, timeout=targetmod.PROBE_TIMEOUT_S * 4,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"the tensor-op check (with {library_dir} on LD_LIBRARY_PATH) hung"
+    for line in proc.stdout.splitlines():
+        if line.startswith("DMLSHIM_SMOKE "):
+            return json.loads(line[len("DMLSHIM_SMOKE "):])
+    if proc.returncode < 0:
+        return f"the tensor-op check crashed with signal {-proc.returncode}"
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"the tensor-op check failed: {last}"
+
+
 def _smoke_test(cfg: cfgmod.Config) -> Optional[str]:
     """Install the shim, run a few ops on ``cuda``, uninstall; the error text, or None."""
     from dmlshim import api
@@ -148,6 +208,9 @@ def main(cfg: cfgmod.Config) -> int:
         for i, name in enumerate(probe.names):
             f64 = probe.float64[i] if i < len(probe.float64) else False
             out.row(f"adapter {i}", f"{name} (float64: {'yes' if f64 else 'no'})")
+        native = native_backend_note(probe.names)
+        if native is not None:
+            out.infos.append(native)
     else:
         out.row("adapters", "none")
 
@@ -181,7 +244,10 @@ def main(cfg: cfgmod.Config) -> int:
         if tgt.inert:
             out.notes.append("real CUDA is present: dmlshim stays inert and scripts use it")
         else:
-            error = _smoke_test(cfg)
+            library_dir = targetmod.directml_library_path_missing() if tgt.kind == "dml" \
+                else None
+            error = (_smoke_test(cfg) if library_dir is None
+                     else _smoke_test_in_subprocess(cfg, library_dir))
             out.row("tensor ops", "ok" if error is None else "FAILED")
             if error is not None:
                 out.problems.append(f"tensor ops on 'cuda' failed under the shim: {error}")
@@ -193,6 +259,8 @@ def main(cfg: cfgmod.Config) -> int:
         where = {"env": opt.env, "cli": opt.flag, "install()": "install()"}.get(source, "default")
         print(f"  {opt.name + ' ':<14}{(value if value != '' else '-'):<16}{where}")
 
+    for info in out.infos:
+        print(f"info: {info}")
     for note in out.notes:
         print(f"note: {note}")
     if out.problems:

@@ -148,3 +148,64 @@ def test_cli_exit_status(tmp_path):
     assert bad.returncode == 1, describe(bad)
     assert "problem: DMLSHIM_DEVICE=dml but no DirectML adapter is usable" in bad.stdout
     assert re.search(r"^  device +dml +DMLSHIM_DEVICE$", bad.stdout, re.M), bad.stdout
+
+
+# -- the way out, and the tensor-op check with the wheel's library path ------------------------
+
+
+@pytest.mark.parametrize("name, backend", [
+    ("AMD Radeon RX 7900 XTX", "ROCm"), ("AMD Radeon(TM) RX 9070 XT", "ROCm"),
+    ("Radeon RX 7600", "ROCm"), ("Intel(R) Arc(TM) A770 Graphics", "XPU"),
+    ("Intel(R) Arc(TM) B580 Graphics", "XPU"), ("AMD Radeon RX 6800 XT", None),
+    ("AMD Radeon(TM) Graphics", None), ("Intel(R) UHD Graphics 770", None),
+    ("NVIDIA GeForce RTX 4090", None), ("Microsoft Basic Render Driver", None),
+])
+def test_native_backend_note_names_the_way_out(name, backend):
+    note = doctor.native_backend_note([name])
+    if backend is None:
+        assert note is None
+    elif backend == "ROCm":
+        assert note == (f"adapter {name!r} is a Radeon RX 7000/9000-series GPU: PyTorch on "
+                        "Windows with ROCm (AMD's preview builds, ROCm 6.4.4 and later) runs "
+                        "CUDA scripts natively there (torch.cuda is the GPU; dmlshim then stays "
+                        "inert)")
+    else:
+        assert note is not None and "Intel Arc GPU: PyTorch's upstream XPU build" in note
+
+
+def test_doctor_prints_one_info_line_for_a_faked_adapter(capsys, monkeypatch):
+    fake = target.DirectMLProbe(True, "torch_directml adapter found", 2,
+                                ["AMD Radeon RX 7900 XTX", "AMD Radeon(TM) Graphics"],
+                                [False, False])
+    monkeypatch.setattr(target, "probe_directml", lambda force=False: fake)
+    monkeypatch.setattr(target, "cheap_directml_check", lambda: None)
+    status, out = run_doctor(capsys, {"device": "cpu"})
+    assert status == 0, out
+    assert "  adapter 0:       AMD Radeon RX 7900 XTX (float64: no)" in out
+    infos = [line for line in out.splitlines() if line.startswith("info: ")]
+    assert infos == ["info: " + doctor.native_backend_note(["AMD Radeon RX 7900 XTX"])]
+    monkeypatch.setattr(target, "probe_directml", lambda force=False: target.DirectMLProbe(
+        True, "found", 1, ["Intel(R) Arc(TM) A750 Graphics"], [False]))
+    status, out = run_doctor(capsys, {"device": "cpu"})
+    assert [line for line in out.splitlines() if line.startswith("info: ")] == [
+        "info: " + doctor.native_backend_note(["Intel(R) Arc(TM) A750 Graphics"])]
+
+
+def test_tensor_op_check_runs_with_the_wheel_folder_on_the_library_path(tmp_path, monkeypatch):
+    # What the doctor does for DirectML on Linux when its own process lacks the folder: the
+    # check runs in a child whose LD_LIBRARY_PATH starts with it (in the torch 2.4.1 lane the
+    # child verifies that the installed wheel's folder is there).
+    from dmlshim import api
+
+    monkeypatch.setattr(api, "install", lambda **_: (_ for _ in ()).throw(AssertionError))
+    pkg = target.directml_package_dir() or str(tmp_path)
+    before = os.environ.get("LD_LIBRARY_PATH")
+    cpu = config.load({"device": "cpu"}, environ={})
+    assert doctor._smoke_test_in_subprocess(cpu, pkg) is None  # not run in this process
+    assert os.environ.get("LD_LIBRARY_PATH") == before
+    no_adapter = config.load({"device": "dml"}, environ={})
+    error = doctor._smoke_test_in_subprocess(no_adapter, pkg)
+    assert error is not None and "DMLSHIM_DEVICE=dml" in error, error
+    if target.directml_package_dir() is not None and sys.platform.startswith("linux"):
+        error = doctor._smoke_test_in_subprocess(cpu, str(tmp_path))  # the wrong folder
+        assert error is not None and "is not on LD_LIBRARY_PATH" in error, error

@@ -330,6 +330,16 @@ def test_fallback_gap_matches_the_reported_table(emu):
                 if op.falls_back_in_0_2_5 and op.name in runs}
     assert set(counts) == expected, counts
     assert counts["aten::cumprod.out"] == 2 and counts["aten::lerp.Scalar_out"] == 1 + 2
+    # one TORCH_WARN_ONCE site for every op: the first fallback of the process warns, no other
+    assert fallback_warnings(caught) == [warning_text("aten::lerp.Scalar_out")]
+    # without the fallback-warn-once gap: once per operator
+    emu.set_switches([s for s in emu.GAPS if s != "fallback-warn-once"])
+    _fallback.rearm_warnings()
+    emu.reset_fallback_counts()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trigger_reported_ops(dev)
+        torch.cumprod(torch.ones(3, device=dev), 0)
     assert sorted(fallback_warnings(caught)) == sorted(warning_text(op) for op in expected)
     assert all(op.issues for op in _fallback.REPORTED_FALLBACKS)
     assert reported("aten::_foreach_add_.List").issues == (604,)
@@ -443,13 +453,15 @@ def test_generator_switch(emu):
     assert torch.equal(torch.rand(2, device=dev).cpu(), torch.manual_seed(3) and torch.rand(2))
 
 
-def test_bug_switches(emu):
+def test_wrong_result_gaps_and_the_bn_bug(emu):
+    # (tests/test_dml_facts.py checks every gap against the CPU in detail)
     dev = emu.device(0)
 
     def ce_none_grad():
         logits = torch.randn(4, 3, device=dev, requires_grad=True)
         target = torch.tensor([0, 1, 2, 0], device=dev)
-        F.cross_entropy(logits, target, reduction="none").sum().backward()
+        loss = F.cross_entropy(logits, target, reduction="none")
+        (loss * torch.tensor([0.0, 1.0, 2.0, 3.0], device=dev)).sum().backward()
         return logits.grad.abs().sum().item()
 
     def mul_bool():
@@ -464,15 +476,18 @@ def test_bug_switches(emu):
         bn(torch.randn(8, 2, device=dev) + 5)
         return bn.running_mean.abs().sum().item()
 
-    assert ce_none_grad() > 0 and bn_stats() > 0
-    assert mul_bool() == (torch.float32, torch.float32, [-0.0, 2.0])
-    emu.set_switches(emu.GAPS + ("bug-ce-none",))
+    # the defaults, as on the wheel: grad_output[0] == 0 for every row; bool products
     assert ce_none_grad() == 0.0 and bn_stats() > 0
-    emu.set_switches(emu.GAPS + ("bug-mul-bool",))
     assert mul_bool() == (torch.bool, torch.bool, [False, True])
     assert (torch.ones(2, device=dev) * torch.ones(2, device=dev)).dtype is torch.float32
+    emu.set_switches([s for s in emu.GAPS if s not in ("nll-none-backward", "mul-bool")])
+    assert ce_none_grad() > 0
+    assert mul_bool() == (torch.float32, torch.float32, [-0.0, 2.0])
+    emu.set_switches(["fallback", "bug-ce-none", "bug-mul-bool"])  # the old names
+    assert emu.switches() == {"fallback", "nll-none-backward", "mul-bool"}
+    assert ce_none_grad() == 0.0
     emu.set_switches(emu.GAPS + ("bug-bn-stats",))
-    assert bn_stats() == 0.0 and ce_none_grad() > 0
+    assert bn_stats() == 0.0
     emu.set_switches(emu.GAPS)
     assert bn_stats() > 0
 

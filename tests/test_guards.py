@@ -1,5 +1,6 @@
 """Guards against torch-directml 0.2.5's silent wrong results, tested against the emulator's
-reproductions of the bugs (switches bug-ce-none, bug-mul-bool, bug-bn-stats).
+reproductions (its default gaps nll-none-backward and mul-bool, and the opt-in bug-bn-stats;
+tests/test_dml_facts.py covers every guard against its fact).
 
 Training with backward on the emulator runs in a subprocess: the autograd engine of a process
 that already ran a CPU backward has no device queue for a backend registered later.
@@ -21,8 +22,9 @@ from dmlshim import api, config, patching
 from dmlshim.patches.guards import GUARDS, active_guards
 from dmlshim.target import Target
 
-# (config.py does not accept "all,bug-..." yet, so the gaps are listed)
-BUGS = "fallback,float64,autocast,generator,bug-ce-none,bug-mul-bool,bug-bn-stats"
+BUGS = "all,bug-bn-stats"
+# the old names of two default gaps are still accepted
+ALIASES = "fallback,float64,autocast,generator,bug-ce-none,bug-mul-bool,bug-bn-stats"
 
 CHECKS = r"""
 import dmlshim  # installs from DMLSHIM_* in the environment
@@ -109,7 +111,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run_checks(guards: str, gaps: str = BUGS):
+def run_checks(guards: str, gaps: str = BUGS):  # noqa: D103
     env = clean_env(DMLSHIM_DEVICE="emulated-dml", DMLSHIM_EMULATOR_GAPS=gaps,
                     DMLSHIM_GUARDS=guards)
     proc = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True,
@@ -124,10 +126,11 @@ CE_CASES = ["plain", "weight_ignore_smooth", "spatial"]
 
 @pytest.mark.emulator
 def test_emulator_reproduces_the_bugs_without_guards():
-    r = run_checks("off")
-    for case in CE_CASES:  # nll_loss backward with reduction="none" gives zeros (#739, #740)
+    r = run_checks("off", ALIASES)
+    # nll_loss backward with reduction="none" uses grad_output[0] for every row (#739, #740):
+    # wrong under the non-uniform upstream gradient used here
+    for case in CE_CASES:
         assert r["ce_" + case]["loss_equal"] and not r["ce_" + case]["grad_equal"], r
-    assert not r["ce_plain"]["grad_nonzero"] and not r["ce_spatial"]["grad_nonzero"]
     assert r["mul_dtype"] == "torch.bool" and not r["mul_equal"]  # #686, #737
     assert not r["bn_momentum"]["updated"] and not r["bn_cumulative"]["updated"]  # #362
     assert r["notes"] == {}
@@ -145,7 +148,7 @@ def test_guards_give_cpu_results_on_the_buggy_device():
         assert r[key] == {"mean_close": True, "var_close": True, "updated": True, "batches": 3,
                           "outputs_close": True, "eval_close": True}, (key, r)
     notes = r["notes"]
-    assert notes["guard.ce_none"] == 5  # four cases + the module; "mean" passes through
+    assert notes["guard.nll_none"] == 3  # the nll cases; "mean" and probabilities pass through
     assert notes["guard.mul_bool"] == 1  # the float *= float call passes through
     assert notes["guard.bn_stats"] == 6  # training calls only
 
@@ -153,33 +156,49 @@ def test_guards_give_cpu_results_on_the_buggy_device():
 def test_which_guards_are_active():
     on = config.load({"device": "cpu"})
     off = config.load({"device": "cpu", "guards": "off"})
+    kernels = tuple(g for g in GUARDS if g != "bn_stats")
     dml = Target("dml", 1, "test")
-    assert active_guards(dml, on) == tuple(GUARDS)  # real DirectML: all of them
+    # real DirectML: every kernel guard; the BatchNorm one never (#362 is not in 0.2.5)
+    assert active_guards(dml, on) == kernels
     assert active_guards(dml, off) == ()
     emu = Target("emulated-dml", 1, "test")
-    assert active_guards(emu, on) == ()  # the default emulator has no bug switch on
-    some = config.load({"device": "cpu", "emulator_gaps": "fallback,bug-mul-bool"})
-    assert active_guards(emu, some) == ("mul_bool",)
+    assert active_guards(emu, on) == kernels  # they key off the target, not the gaps
+    none = config.load({"device": "cpu", "emulator_gaps": "none"})
+    assert active_guards(emu, none) == kernels
+    bn = config.load({"device": "cpu", "emulator_gaps": "fallback,bug-bn-stats"})
+    assert active_guards(emu, bn) == kernels + ("bn_stats",)
+    assert active_guards(dml, bn) == kernels
     assert active_guards(Target("cpu", 1, "test"), on) == ()
 
 
+GUARDED_OPS = ("aten::eye.m_out", "aten::mul.Tensor", "aten::nll_loss_backward",
+               "aten::masked_fill_.Scalar", "aten::reflection_pad2d",
+               "aten::native_layer_norm_backward")
+
+
+def _device_kernels():
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return {op for op in GUARDED_OPS if has(op, "PrivateUse1")}
+
+
 @pytest.mark.emulator
-def test_guards_install_only_their_entry_points_and_uninstall(shim):
-    before = {(F, "cross_entropy"): F.cross_entropy, (F, "batch_norm"): F.batch_norm,
-              (torch.Tensor, "__imul__"): torch.Tensor.__imul__}
-    assert "__imul__" not in vars(torch.Tensor)
-    shim(device="emulated-dml")  # no bug switch: nothing
+def test_guards_install_only_their_kernels_and_uninstall(shim):
+    batch_norm, imul = F.batch_norm, torch.Tensor.__imul__
+    assert _device_kernels() == set()
+    shim(device="emulated-dml", guards="off")
     guards = next(p for p in api._patches.patches if p.name == "guards")  # type: ignore[union-attr]
     assert guards.active == () and not guards._keys and not guards._undo
-    shim(device="emulated-dml", emulator_gaps=BUGS)
-    guards = next(p for p in api._patches.patches if p.name == "guards")  # type: ignore[union-attr]
-    assert set(guards.active) == set(GUARDS)
-    for (owner, name), original in before.items():
-        assert getattr(owner, name) is not original
+    assert _device_kernels() == set()
     dmlshim.uninstall()
-    for (owner, name), original in before.items():
-        assert getattr(owner, name) is original
-        assert not patching.is_patched(owner, name)
-    assert "__imul__" not in vars(torch.Tensor)
+    shim(device="emulated-dml")  # kernels for the device only: no Python entry point wrapped
+    assert _device_kernels() == set(GUARDED_OPS)
+    assert F.batch_norm is batch_norm and torch.Tensor.__imul__ is imul
+    dmlshim.uninstall()
+    assert _device_kernels() == set()
+    shim(device="emulated-dml", emulator_gaps=BUGS)
+    assert F.batch_norm is not batch_norm and _device_kernels() == set(GUARDED_OPS)
+    dmlshim.uninstall()
+    assert F.batch_norm is batch_norm and not patching.is_patched(F, "batch_norm")
+    assert _device_kernels() == set()
     shim(device="cpu", emulator_gaps=BUGS)  # the CPU has none of these bugs
-    assert F.cross_entropy is before[(F, "cross_entropy")]
+    assert F.batch_norm is batch_norm and _device_kernels() == set()

@@ -18,13 +18,14 @@ What is always faithful (not switchable)
       raises "Expected all tensors to be on the same device, ...", as on CUDA.
     * Random numbers come from the CPU default generator, as with torch-directml.
 
-Fidelity switches (``register(switches=...)`` / ``set_switches``); the gaps are on by default,
-the bugs are opt-in:
+Fidelity switches (``register(switches=...)`` / ``set_switches``); every gap (``GAPS``) is on
+by default, ``bug-bn-stats`` is opt-in (``bug-ce-none`` and ``bug-mul-bool`` are accepted as the
+old names of ``nll-none-backward`` and ``mul-bool``):
 
 ================  ==============================================================================
 ``fallback``      Operators torch-directml 0.2.5 has no kernel for run on the CPU, are counted
-                  (``fallback_counts()``) and warn once per operator per process, with the
-                  exact text of torch-directml. Which operators: see ``_fallback.py`` (the table
+                  (``fallback_counts()``) and warn with the exact text of torch-directml
+                  (how often: ``fallback-warn-once``). Which operators: see ``_fallback.py`` (the table
                   of reported ops with their issue numbers and what 0.2.5 does) and
                   ``_policy.py`` (the model of the dispatcher: 0.2.5's real kernel list,
                   structured out= routing, PyTorch's composites). E.g. Adam reports
@@ -57,15 +58,25 @@ the bugs are opt-in:
                   the region raises "Cannot set version_counter for inference tensor".
 ``bfloat16``      A bfloat16 tensor reaching the device prints torch-directml's
                   ``dml_util.cc:118 Invalid or unsupported data type BFloat16`` and aborts.
-``bug-ce-none``   ``cross_entropy(reduction="none")`` gives zero gradients (#739, #740).
-``bug-mul-bool``  ``float_tensor * bool_tensor`` and ``*=`` give bool (#686, #737).
-``bug-bn-stats``  BatchNorm running statistics are not updated in training (#362).
+``fallback-warn-once``  the fallback warning fires once per process in total (one
+                  ``TORCH_WARN_ONCE`` site for every op), every time under
+                  ``torch.set_warn_always(True)``; off: once per operator.
+``eye``           ``torch.eye`` on the device comes back with shape ``(0,)`` (#431).
+``mul-bool``      float tensor times bool tensor gives bool, any order, ``*=`` too (#686, #737).
+``nll-none-backward``  ``nll_loss``/``cross_entropy(reduction="none")`` backward uses
+                  ``grad_output[0]`` for every row (#739, #740).
+``masked-fill-uint8``  ``masked_fill`` accepts a uint8 mask (#702).
+``reflect-pad``   ``F.pad(mode="reflect")`` swaps the height and width padding.
+``channels-last`` ``.to(memory_format=torch.channels_last)`` is refused.
+``layer-norm-nobias``  the layer-norm backward without a bias raises the wheel's errors.
+``bug-bn-stats``  BatchNorm running statistics are not updated in training (#362; opt-in, not
+                  reproduced by 0.2.5).
 ================  ==============================================================================
 
-Not reproduced: copies between two adapters giving zeros (#443), ``eye`` returning an empty
-tensor (#431), float64 computed at float32 precision on adapters that accept it (#398),
-``tensor.new()`` (#400), checkpoint location tags (#196, #466):
-emulated tensors are saved as CPU data plus the device string.
+The wrong results are modelled in ``_ops.py``; all were observed on the real wheel. Not
+reproduced: copies between two adapters giving zeros (#443), float64 computed at float32
+precision on adapters that accept it (#398), ``tensor.new()`` (#400), checkpoint location tags
+(#196, #466): emulated tensors are saved as CPU data plus the device string.
 
 Autograd needs a PrivateUse1 device guard, and PyTorch's autograd engine sizes its device
 queues once, at the first backward() of the process: register the emulator (or call

@@ -25,7 +25,13 @@ import torch
 
 from dmlshim.emulator import _memory, _tensor
 from dmlshim.emulator._state import EmulatorError, check_index, state
-from dmlshim.emulator._tensor import EmuTensor, check_float64, sync_metadata, wrap
+from dmlshim.emulator._tensor import (
+    EmuTensor,
+    check_float64,
+    check_memory_format,
+    sync_metadata,
+    wrap,
+)
 
 _CPU = torch.device("cpu")
 _lib: Optional[Any] = None
@@ -39,6 +45,7 @@ def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memo
     index = check_index(device.index if device is not None else None)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     check_float64(dtype)
+    check_memory_format(memory_format)
     # device=cpu explicitly: a torch.device(...) context or set_default_device must not send
     # this inner allocation back to the emulator.
     elem = torch.empty(size, dtype=dtype, device=_CPU,
@@ -237,9 +244,12 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
 
     ``cpp=None``: the C++ guard (``_guard.cpp``, 8 adapters or more) on every torch; on
     torch >= 2.5 without a working compiler, PyTorch's Python guard instead, which reports a
-    single device whose index is always 0: backward() then works on ``privateuseone:0`` only,
-    so ``register(count > 1)`` refuses. ``cpp=True`` insists on the C++ guard (an error when it
-    cannot be built); ``cpp=False`` takes the Python one where torch has it.
+    single device whose index is always 0 (backward() then works on ``privateuseone:0`` only,
+    so ``register(count > 1)`` refuses), and lets an operator that raises inside backward()
+    take the process down (``PythonDeviceGuard``'s noexcept ``exchangeStream`` calls into
+    Python while the error is pending: std::terminate), where torch-directml and the C++
+    guard raise the error to the caller. ``cpp=True`` insists on the C++ guard (an error
+    when it cannot be built); ``cpp=False`` takes the Python one where torch has it.
     """
     global _cpp_guard, _guard_kind
     if _guard_kind:
@@ -247,13 +257,15 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
     if "torch_directml" in sys.modules:
         raise EmulatorError("dmlshim emulator: torch_directml is imported; it has its own device "
                             "guard, the emulator's must not replace it")
-    if cpp is False and _torch_version() >= (2, 5) and _install_python_guard():
+    python_ok = _torch_version() >= (2, 5) and hasattr(getattr(torch._C, "_acc", None),
+                                                        "register_python_privateuseone_device_guard")
+    if cpp is False and python_ok and _install_python_guard():
         _guard_kind = "python"
         return _guard_kind
     try:
         _cpp_guard = _build_cpp_guard()
     except EmulatorError as err:
-        if cpp or _torch_version() < (2, 5) or not _install_python_guard():
+        if cpp or not python_ok or not _install_python_guard():
             raise
         import logging
 

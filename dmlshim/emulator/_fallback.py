@@ -28,6 +28,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
+import torch
+
+from dmlshim.emulator._state import state
+
 WARNING_TEXT = (
     "The operator '{op}' is not currently supported on the DML backend and will fall back to "
     "run on the CPU. This may have performance implications."
@@ -60,7 +64,8 @@ REPORTED_FALLBACKS: Tuple[ReportedOp, ...] = (
     ReportedOp("aten::normal.Tensor_Tensor", (405,), True),
     ReportedOp("aten::cumprod.out", (437,), True, "cumprod and cumprod_ route through it"),
     ReportedOp("aten::eye.m_out", (431,), True,
-               "torch.eye(n, m, device=...); #431's wrong (empty) result is not reproduced"),
+               "torch.eye(n, m, device=...) comes back empty (gap 'eye'; torch.eye(n) under "
+               "aten::eye.out)"),
     ReportedOp("aten::_linalg_solve_ex.result", (431,), True, "torch.linalg.solve"),
     ReportedOp("aten::std_mean.correction", (536,), False, "kernel in 0.2.5"),
     ReportedOp("aten::count_nonzero.dim_IntList", (665,), True,
@@ -74,6 +79,7 @@ _counts: Dict[str, int] = {}
 _warned: set = set()
 # op -> [bytes copied to the host, bytes copied back to the device], summed over its calls
 _bytes: Dict[str, List[int]] = {}
+_warned_once = False  # the single TORCH_WARN_ONCE site of torch-directml has fired
 
 
 def counts() -> Dict[str, int]:
@@ -99,8 +105,10 @@ def record_bytes(op_name: str, to_host: int, to_device: int) -> None:
 
 
 def rearm_warnings() -> None:
-    """Let every operator warn again (torch-directml warns once per operator per process)."""
+    """Let the fallback warning fire again (torch-directml warns once per process in total)."""
+    global _warned_once
     _warned.clear()
+    _warned_once = False
 
 
 def _caller_stacklevel() -> int:
@@ -117,9 +125,26 @@ def _caller_stacklevel() -> int:
     return 2
 
 
+def _should_warn(op_name: str) -> bool:
+    # torch-directml warns from one TORCH_WARN_ONCE site (dml_cpu_fallback.cpp:15) for every
+    # operator: once per process in total, or every time under torch.set_warn_always(True),
+    # which does not use up the "once". Without the gap: once per operator.
+    global _warned_once
+    if torch.is_warn_always_enabled():
+        return True
+    if state.fallback_warn_once:
+        if _warned_once:
+            return False
+        _warned_once = True
+        return True
+    if op_name in _warned:
+        return False
+    _warned.add(op_name)
+    return True
+
+
 def record(op_name: str) -> None:
-    """Count one CPU fallback of ``op_name`` and warn the first time, like torch-directml."""
+    """Count one CPU fallback of ``op_name`` and warn like torch-directml (see _should_warn)."""
     _counts[op_name] = _counts.get(op_name, 0) + 1
-    if op_name not in _warned:
-        _warned.add(op_name)
+    if _should_warn(op_name):
         warnings.warn(WARNING_TEXT.format(op=op_name), UserWarning, stacklevel=_caller_stacklevel())

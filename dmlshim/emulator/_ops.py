@@ -1,31 +1,44 @@
-"""Operators the emulator implements itself: device transfers, and the opt-in DirectML bugs.
+"""Operators the emulator implements itself: device transfers, and torch-directml's wrong results.
 
 Device transfers cannot simply run on the CPU elems (one side is a plain CPU tensor, or the
 target adapter differs; ``_copy_from``, reached with the Python key excluded, is a PrivateUse1
-kernel in ``_backend.py``). The bugs reproduce torch-directml 0.2.5's wrong results when their
-switch is on, so that dmlshim's guards can be tested against them:
+kernel in ``_backend.py``). The other handlers reproduce what the real torch-directml
+0.2.5.dev240914 wheel does where it differs from the CPU (observed on the wheel; all decided on
+its host side, so the same on every adapter), each under its switch, so that dmlshim's guards
+can be tested against them:
 
-* ``bug-ce-none`` (#739, #740): ``cross_entropy(reduction="none")`` gives zero gradients. The
-  loss backward (``nll_loss_backward`` / ``nll_loss2d_backward`` with reduction 0) returns 0.
-* ``bug-mul-bool`` (#686, #737): ``float_tensor * bool_tensor`` and ``float_tensor *=
-  bool_tensor`` give a bool tensor (the in-place form changes the tensor's dtype to bool).
-* ``bug-bn-stats`` (#362): BatchNorm running statistics are not updated in training.
+* ``eye`` (#431): ``torch.eye(n)`` / ``torch.eye(n, m)`` fall back (``aten::eye.out`` /
+  ``aten::eye.m_out``) and come back with shape ``(0,)``.
+* ``mul-bool`` (#686, #737): a float tensor times a bool tensor, in either order and in place
+  (``x * m``, ``m * x``, ``torch.mul(x, m)``, ``x *= m``), gives a bool tensor (the in-place
+  form changes the tensor's dtype to bool).
+* ``nll-none-backward`` (#739, #740): the backward of ``nll_loss`` / ``cross_entropy`` with
+  ``reduction="none"`` uses ``grad_output[0]`` for every row: right for a uniform upstream
+  gradient, all zero when ``grad_output[0] == 0``.
+* ``masked-fill-uint8`` (#702): ``masked_fill`` accepts a uint8 mask (the CPU raises).
+* ``reflect-pad``: ``F.pad(mode="reflect")`` on 2-D planes swaps the padding of height and width.
+* ``channels-last``: ``.to(memory_format=torch.channels_last)`` (and ``_3d``) is refused.
+* ``layer-norm-nobias``: the layer-norm backward without a bias fails (see ``_layer_norm_bwd``).
+* ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
+  updated in training.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dmlshim.emulator import _lstm
-from dmlshim.emulator._state import check_index
+from dmlshim.emulator import _fallback, _lstm
+from dmlshim.emulator._state import check_index, state
 from dmlshim.emulator._tensor import (
     BUGS,
     CPU_IMPLS,
     SPECIALS,
     EmuTensor,
     check_float64,
+    check_memory_format,
     finish,
     run_on_cpu,
+    sync_metadata,
     unwrap,
     wrap,
 )
@@ -59,6 +72,7 @@ def _to_copy(func, plan, args, kwargs):
         dtype = kwargs.get("dtype")
         if dtype is not None:
             check_float64(dtype)
+        check_memory_format(kwargs.get("memory_format"))
         return wrap(func(elem, **kwargs), index)
     return func(elem, device=device, **kwargs)
 
@@ -78,30 +92,86 @@ def _convolution_overrideable(func, plan, args, kwargs):
     return tuple(wrap(t, index) if t is not None else None for t in out)
 
 
-# --- opt-in bugs -------------------------------------------------------------------------
+# --- torch-directml 0.2.5's wrong results (switches) --------------------------------------
 
 
-def _nll_backward_bug(func, plan, args, kwargs):
+def _nll_backward_gap(func, plan, args, kwargs):
+    # (grad_output, self, target, weight, reduction, ignore_index, total_weight[, grad_input])
     cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
-    out = func(*cargs, **ckwargs)
     reduction = cargs[4] if len(cargs) > 4 else ckwargs.get("reduction", 1)
-    if reduction == 0:  # Reduction::None
-        out = torch.zeros_like(out)
-    return finish(plan, args, kwargs, out, index)
+    if reduction == 0:  # Reduction::None: every row gets grad_output's first element
+        grad_output = cargs[0]
+        cargs[0] = grad_output.reshape(-1)[:1].reshape([1] * grad_output.dim()) \
+            .expand_as(grad_output) if grad_output.numel() else grad_output
+    return finish(plan, args, kwargs, func(*cargs, **ckwargs), index)
 
 
-def _mul_bool_bug(func, plan, args, kwargs):
+def _mul_bool_gap(func, plan, args, kwargs):
     a, b = args[0], args[1]
-    if not (type(b) is EmuTensor and b.dtype is torch.bool and a.dtype.is_floating_point):
+    a_dtype, b_dtype = getattr(a, "dtype", None), getattr(b, "dtype", None)
+    mixed = (b_dtype is torch.bool and a_dtype is not None and a_dtype.is_floating_point) or (
+        a_dtype is torch.bool and b_dtype is not None and b_dtype.is_floating_point)
+    if not mixed:
         return run_on_cpu(func, plan, args, kwargs)
-    result = (a._elem * b._elem).to(torch.bool)
+    cargs, _, index, _ = unwrap(plan, args, kwargs)
+    result = (cargs[0] * cargs[1]).to(torch.bool)
     if func.name() == "aten::mul.Tensor":
-        return wrap(result, a._index)
-    # In place: the tensor itself becomes bool, as on torch-directml 0.2.5.
+        return wrap(result, index)
+    # In place / out=: the tensor itself becomes bool, as on torch-directml 0.2.5.
     target = args[0] if func.name() == "aten::mul_.Tensor" else kwargs["out"]
-    replacement = wrap(result, a._index)
-    EmuTensor.data.fset(target, replacement)
+    EmuTensor.data.fset(target, wrap(result, index))
     return target
+
+
+def _eye_gap(func, plan, args, kwargs):
+    # eye.out / eye.m_out fall back and the result comes back empty (#431).
+    if state.fallback:
+        _fallback.record(plan.fallback_name or plan.name)
+    out = kwargs["out"]
+    if type(out) is EmuTensor:
+        out._elem.resize_(0)
+        sync_metadata(out)
+    return out
+
+
+def _masked_fill_gap(func, plan, args, kwargs):
+    mask = args[1]
+    if getattr(mask, "dtype", None) is torch.uint8:  # accepted, as a bool mask (#702)
+        args = (args[0], wrap(mask._elem.bool(), mask._index) if type(mask) is EmuTensor
+                else mask.bool()) + tuple(args[2:])
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+def _reflect_pad_gap(func, plan, args, kwargs):
+    padding = list(args[1]) if len(args) > 1 else list(kwargs["padding"])
+    if len(padding) == 4 and padding[:2] != padding[2:]:  # height and width swapped
+        padding = padding[2:] + padding[:2]
+        if len(args) > 1:
+            args = (args[0], padding) + tuple(args[2:])
+        else:
+            kwargs = dict(kwargs, padding=padding)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+LAYER_NORM_DEVICE_REMOVED = "Unknown error -2005270523"  # 0x887A0005 DXGI_ERROR_DEVICE_REMOVED
+LAYER_NORM_NO_DEVICE = "tensor does not have a device"
+LAYER_NORM_GRAPH = ("DirectML graph compilation failed (native_layer_norm_backward with a weight, "
+                    "no bias and an input that needs no gradient)")
+
+
+def _layer_norm_bwd_gap(func, plan, args, kwargs):
+    # (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask): without a
+    # bias the wheel fails in three ways; with one it works.
+    weight = args[5] if len(args) > 5 else kwargs.get("weight")
+    bias = args[6] if len(args) > 6 else kwargs.get("bias")
+    mask = args[7] if len(args) > 7 else kwargs.get("output_mask")
+    if bias is None:
+        if weight is None:
+            raise RuntimeError(LAYER_NORM_NO_DEVICE)
+        if mask is not None and mask[0]:
+            raise RuntimeError(LAYER_NORM_DEVICE_REMOVED)
+        raise RuntimeError(LAYER_NORM_GRAPH)
+    return run_on_cpu(func, plan, args, kwargs)
 
 
 def _bn_stats_bug(func, plan, args, kwargs):
@@ -122,11 +192,21 @@ SPECIALS.update({
 })
 
 BUGS.update({
-    "aten::nll_loss_backward": ("bug_ce_none", _nll_backward_bug),
-    "aten::nll_loss2d_backward": ("bug_ce_none", _nll_backward_bug),
-    "aten::mul.Tensor": ("bug_mul_bool", _mul_bool_bug),
-    "aten::mul_.Tensor": ("bug_mul_bool", _mul_bool_bug),
-    "aten::mul.out": ("bug_mul_bool", _mul_bool_bug),
+    "aten::nll_loss_backward": ("nll_none_backward", _nll_backward_gap),
+    "aten::nll_loss_backward.grad_input": ("nll_none_backward", _nll_backward_gap),
+    "aten::nll_loss2d_backward": ("nll_none_backward", _nll_backward_gap),
+    "aten::nll_loss2d_backward.grad_input": ("nll_none_backward", _nll_backward_gap),
+    "aten::mul.Tensor": ("mul_bool", _mul_bool_gap),
+    "aten::mul_.Tensor": ("mul_bool", _mul_bool_gap),
+    "aten::mul.out": ("mul_bool", _mul_bool_gap),
+    "aten::eye.out": ("eye", _eye_gap),
+    "aten::eye.m_out": ("eye", _eye_gap),
+    "aten::masked_fill_.Scalar": ("masked_fill_uint8", _masked_fill_gap),
+    "aten::masked_fill_.Tensor": ("masked_fill_uint8", _masked_fill_gap),
+    "aten::reflection_pad2d": ("reflect_pad", _reflect_pad_gap),
+    "aten::reflection_pad2d.out": ("reflect_pad", _reflect_pad_gap),
+    "aten::native_layer_norm_backward": ("layer_norm_nobias", _layer_norm_bwd_gap),
+    "aten::native_layer_norm_backward.out": ("layer_norm_nobias", _layer_norm_bwd_gap),
     "aten::native_batch_norm": ("bug_bn_stats", _bn_stats_bug),
     "aten::_native_batch_norm_legit": ("bug_bn_stats", _bn_stats_bug),
     "aten::_batch_norm_with_update": ("bug_bn_stats", _bn_stats_bug),

@@ -77,6 +77,16 @@ def _check_inference(args, kwargs) -> None:
                 raise RuntimeError(INFERENCE_MESSAGE)
     if kwargs:
         _check_inference(tuple(kwargs.values()), None)
+CHANNELS_LAST_MESSAGE = "'memory_format' argument is must be Contiguous for DML tensors"
+_REFUSED_FORMATS = (torch.channels_last, torch.channels_last_3d)
+def check_memory_format(memory_format) -> None:
+    """The ``channels-last`` gap: a channels-last copy to the device is refused.
+    Reached from ``_to_copy`` of a device tensor and from the allocation a CPU tensor's
+    ``.to(device, memory_format=...)`` makes; ``.contiguous(memory_format=...)`` runs as one
+    ``clone`` on the CPU elem and is accepted, as on torch-directml.
+    """
+    if memory_format in _REFUSED_FORMATS and state.channels_last:
+        raise RuntimeError(CHANNELS_LAST_MESSAGE)
 
 
 class EmuTensor(torch.Tensor):

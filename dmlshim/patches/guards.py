@@ -1,98 +1,59 @@
-"""Guards against torch-directml 0.2.5's known silent wrong results (``DMLSHIM_GUARDS=on|off``).
+"""Guards against torch-directml 0.2.5's wrong results and failures (``DMLSHIM_GUARDS=on|off``).
 
-Each guard is one wrapper on one entry point, installed only where the bug exists: on real
-DirectML (``target.kind == "dml"``), or on the emulator when its matching bug switch is on
-(``DMLSHIM_EMULATOR_GAPS=...,bug-ce-none``), so the guard can be tested there. The wrapper
-passes every call outside the affected path straight through.
+On DirectML (real, or the emulator, which reproduces each of them by default) the operators
+listed in :data:`dmlshim.patches.guard_kernels.KERNEL_GUARDS` get ``PrivateUse1`` kernels
+that compute them from operators the wheel gets right (``torch.library``; nothing wraps a
+Python entry point, and CPU tensors never see them): ``torch.eye`` (#431), float × bool
+multiplication (#686, #737: ``x * m``, ``m * x``, ``torch.mul``, ``x *= m``), the
+``nll_loss``/``cross_entropy(reduction="none")`` backward (#739, #740), ``masked_fill`` with a
+non-bool mask (#702: raises as on the CPU), reflect padding of 2-D planes, and the layer-norm
+backward without a bias. Uninstall destroys the registrations, which brings the wheel's own
+kernels back.
 
-* ``cross_entropy(reduction="none")`` gives zero gradients (microsoft/DirectML#739, #740).
-  Guard: ``torch.nn.functional.cross_entropy`` (``nn.CrossEntropyLoss`` calls it) computes the
-  per-element loss from ``log_softmax`` + ``gather`` (weights, ``ignore_index``,
-  ``label_smoothing`` and probability targets as torch defines them) when the input is on the
-  device, needs a gradient and ``reduction="none"``.
-* ``float_tensor *= bool_tensor`` turns the result into bool (#686, #737; NaN losses in #702).
-  Guard: ``Tensor.__imul__`` multiplies by the mask converted to the float dtype. ``x.mul_(mask)``
-  and ``torch.mul(x, mask, out=x)`` are not guarded: ``mul_`` is on optimizers' hot path.
-* BatchNorm running statistics are not updated in training (#362). Guard:
-  ``torch.nn.functional.batch_norm`` (every BatchNorm module calls it) normalizes with the batch
-  statistics and updates ``running_mean``/``running_var`` itself, with the momentum the module
-  passes (cumulative averaging included), when training with running stats on the device.
+One guard stays a Python wrapper and runs only on the emulator's opt-in ``bug-bn-stats`` switch:
+BatchNorm running statistics not updated in training (#362) does not reproduce on 0.2.5, so
+on real DirectML the guard would only cost time. ``torch.nn.functional.batch_norm`` normalizes
+with the batch statistics and updates ``running_mean``/``running_var`` itself, with the
+momentum the module passes (cumulative averaging included).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional, Tuple
+import warnings
+from typing import Any, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from dmlshim import events
+from dmlshim.patches.guard_kernels import KERNEL_GUARDS
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
 
-# guard name -> (emulator bug switch, issues)
-GUARDS: Dict[str, Tuple[str, str]] = {
-    "ce_none": ("bug-ce-none", "microsoft/DirectML#739, #740"),
-    "mul_bool": ("bug-mul-bool", "microsoft/DirectML#686, #737"),
-    "bn_stats": ("bug-bn-stats", "microsoft/DirectML#362"),
-}
+# guard name -> issues; every kernel guard applies wherever the target is DirectML.
+GUARDS: Dict[str, str] = {name: issues for name, (issues, _, _) in KERNEL_GUARDS.items()}
+GUARDS["bn_stats"] = "microsoft/DirectML#362"
+BN_STATS_SWITCH = "bug-bn-stats"  # the emulator's opt-in switch the BatchNorm guard follows
 
-_CE_PARAMS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
-              "label_smoothing")
 _BN_PARAMS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
               "eps")
 
 
 def active_guards(target: Any, config: Any) -> Tuple[str, ...]:
-    if config.guards != "on":
+    if config.guards != "on" or not target.is_directml:
         return ()
-    if target.kind == "dml":
-        return tuple(GUARDS)
-    if target.kind == "emulated-dml":
-        switches = config.emulator_switches()
-        return tuple(name for name, (switch, _) in GUARDS.items() if switch in switches)
-    return ()
+    active = tuple(KERNEL_GUARDS)
+    if target.kind == "emulated-dml" and BN_STATS_SWITCH in config.emulator_switches():
+        active += ("bn_stats",)
+    return active
 
 
 def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     bound = dict(zip(names, args))
     bound.update(kwargs)
     return bound
-
-
-def cross_entropy_none(input: torch.Tensor, target: torch.Tensor,
-                       weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
-                       label_smoothing: float = 0.0) -> torch.Tensor:
-    """``F.cross_entropy(..., reduction="none")`` from log_softmax and gather (no nll_loss)."""
-    class_dim = 0 if input.dim() == 1 else 1
-    n_classes = input.shape[class_dim]
-    logp = torch.log_softmax(input, dim=class_dim)
-    wshape = [1] * input.dim()
-    wshape[class_dim] = n_classes
-    if target.is_floating_point():  # class probabilities, same shape as input
-        if label_smoothing > 0.0:
-            target = target * (1.0 - label_smoothing) + label_smoothing / n_classes
-        prod = logp * target
-        if weight is not None:
-            prod = prod * weight.view(wshape)
-        return -prod.sum(class_dim)
-    unbatched = input.dim() == 1
-    if unbatched:
-        logp, target = logp.unsqueeze(0), target.unsqueeze(0)
-        wshape = [1, n_classes]
-    ignored = target == ignore_index
-    safe = target.masked_fill(ignored, 0)
-    nll = -logp.gather(1, safe.unsqueeze(1)).squeeze(1)
-    if weight is not None:
-        nll = nll * weight[safe]
-    nll = nll.masked_fill(ignored, 0.0)
-    if label_smoothing > 0.0:
-        smooth = -(logp * weight.view(wshape)).sum(1) if weight is not None else -logp.sum(1)
-        smooth = smooth.masked_fill(ignored, 0.0)
-        nll = (1.0 - label_smoothing) * nll + smooth * (label_smoothing / n_classes)
-    return nll.squeeze(0) if unbatched else nll
 
 
 class GuardsPatch(Patch):
@@ -103,52 +64,24 @@ class GuardsPatch(Patch):
 
     def _install(self, target, config) -> None:
         self.active = active = active_guards(target, config)
-        device_type = target.device_type
         for name in active:
-            log.info("guard %s on (%s)", name, GUARDS[name][1])
-        if "ce_none" in active:
-            self.wrap(F, "cross_entropy", _ce_guard(device_type))
-        if "mul_bool" in active:
-            self.wrap(torch.Tensor, "__imul__", _imul_guard(device_type))
+            log.info("guard %s on (%s)", name, GUARDS[name])
+        kernels = [(op, fn) for name in active if name in KERNEL_GUARDS
+                   for op, fn in KERNEL_GUARDS[name][2].items()]
+        if kernels:
+            self._register(kernels)
         if "bn_stats" in active:
-            self.wrap(F, "batch_norm", _bn_guard(device_type))
+            self.wrap(F, "batch_norm", _bn_guard(target.device_type))
 
-
-def _ce_guard(device_type: str):
-    def wrapper(wrapped, instance, args, kwargs):
-        b = _bind(_CE_PARAMS, args, kwargs)
-        reduction = b.get("reduction", "mean")
-        if b.get("size_average") is not None or b.get("reduce") is not None:
-            from torch.nn import _reduction
-
-            reduction = _reduction.legacy_get_string(b.get("size_average"), b.get("reduce"))
-        x = b["input"]
-        if reduction != "none" or x.device.type != device_type or not x.requires_grad \
-                or not torch.is_grad_enabled():
-            return wrapped(*args, **kwargs)
-        events.note("guard.ce_none")
-        events.redirected("F.cross_entropy", "reduction='none'",
-                          "log_softmax+gather (#739, #740)", tag="emulated")
-        return cross_entropy_none(x, b["target"], b.get("weight"), b.get("ignore_index", -100),
-                                  b.get("label_smoothing", 0.0))
-
-    return wrapper
-
-
-def _imul_guard(device_type: str):
-    bool_ = torch.bool
-
-    def wrapper(wrapped, instance, args, kwargs):
-        other = args[0] if args else None
-        if getattr(other, "dtype", None) is bool_ and instance.device.type == device_type \
-                and instance.is_floating_point():
-            events.note("guard.mul_bool")
-            events.redirected("Tensor.__imul__", "bool mask", f"mask.to({instance.dtype}) (#686)",
-                              tag="emulated")
-            return instance.mul_(other.to(instance.dtype))
-        return wrapped(*args, **kwargs)
-
-    return wrapper
+    def _register(self, kernels) -> None:
+        lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed on uninstall
+        self.on_undo(lib._destroy)  # (private on torch 2.4.1 and 2.13 alike)
+        with warnings.catch_warnings():
+            # replacing the wheel's own kernel is the point: no "Overriding a previously
+            # registered kernel" warning for the user
+            warnings.simplefilter("ignore")
+            for op, fn in kernels:
+                lib.impl(op, fn, "PrivateUse1")
 
 
 def _bn_guard(device_type: str):

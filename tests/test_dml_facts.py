@@ -1,0 +1,457 @@
+"""What the real torch-directml 0.2.5 wheel does differently from the CPU (issue 12), on both
+sides: the emulator reproduces it (``DMLSHIM_GUARDS=off`` shows the wheel's behaviour) and
+dmlshim's guards give the CPU's result (the default).
+
+One script (FACTS) runs every fact through ``import dmlshim`` three times: on the CPU (the
+reference), on ``emulated-dml`` with the default options and on ``emulated-dml`` with
+``DMLSHIM_GUARDS=off``; the runs' JSON results are compared mechanically. Facts decided outside
+any guard (the once-per-process fallback warning, the channels-last refusal) are checked on the
+emulator in this process. The kernel table the emulator models is compared with the installed
+wheel's in the torch 2.4.1 lane.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from typing import Any, Dict
+
+import pytest
+import torch
+from helpers import clean_env, describe
+
+from dmlshim import emulator
+from dmlshim.emulator import _fallback
+from dmlshim.emulator._dml_ops import DML_KERNELS_0_2_5
+
+FACTS = r"""
+import json, os, sys
+import dmlshim  # installs from DMLSHIM_* in the environment
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+dev = "cuda"
+out = {}
+
+
+def enc(t):
+    t = t.detach().cpu()
+    return {"shape": list(t.shape), "dtype": str(t.dtype),
+            "values": t.reshape(-1).tolist() if t.dtype != torch.bool
+            else [bool(v) for v in t.reshape(-1).tolist()]}
+
+
+def leaf(t, device=dev, grad=True):
+    # a fresh leaf (on the CPU, .to("cpu") would hand back the same tensor every time)
+    return t.to(device).clone().requires_grad_(grad)
+
+
+def case(name, fn):
+    try:
+        out[name] = fn()
+    except Exception as err:  # the wheel's failures are results here
+        out[name] = {"error": f"{type(err).__name__}: {err}"}
+
+
+torch.manual_seed(0)
+
+# fact 2: eye (#431)
+case("eye_n", lambda: enc(torch.eye(3, device=dev)))
+case("eye_nm", lambda: enc(torch.eye(2, 4, device=dev)))
+
+# fact 3: float * bool (#686), every spelling
+x = torch.tensor([-1.5, 2.0, 0.5, -3.0])
+m = x > 0
+def mul_forms():
+    xd, md = x.to(dev), m.to(dev)
+    inplace = xd.clone()
+    inplace *= md
+    return {"x*m": enc(xd * md), "mul": enc(torch.mul(xd, md)), "m*x": enc(md * xd),
+            "x*=m": enc(inplace), "x*2": enc(xd * 2)}
+case("mul_bool", mul_forms)
+def mul_inplace_broadcast():
+    xd = x.to(dev).clone()
+    xd *= torch.ones(2, 4, device=dev)  # in place must refuse to grow (an out= kernel would not)
+    return enc(xd)
+case("mul_inplace_broadcast", mul_inplace_broadcast)
+
+# fact 4: nll_loss / cross_entropy(reduction='none') backward (#739), non-uniform upstream
+logits = torch.randn(5, 4)
+target = torch.tensor([1, 0, 3, -100, 2])
+per_sample = torch.tensor([0.0, 1.0, 2.0, 0.5, 3.0])  # grad_output[0] == 0
+keep = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])  # masked mean: grad_output[0] != 0
+logits2d = torch.randn(2, 3, 2, 2)
+target2d = torch.randint(0, 3, (2, 2, 2))
+weights2d = torch.rand(2, 2, 2) + 0.5
+class_weight = torch.tensor([1.0, 2.0, 0.5, 1.5])
+
+def ce_grads(device):
+    res = {}
+    for name, fn in {
+        "per_sample": lambda lg: (F.cross_entropy(lg, target.to(device), reduction="none")
+                                  * per_sample.to(device)).sum(),
+        "masked_mean": lambda lg: (F.nll_loss(torch.log_softmax(lg, 1), target.to(device),
+                                              weight=class_weight.to(device), reduction="none")
+                                   * keep.to(device)).sum() / keep.sum().to(device),
+    }.items():
+        lg = leaf(logits, device)
+        fn(lg).backward()
+        res[name] = enc(lg.grad)
+    lg = leaf(logits2d, device)
+    (F.cross_entropy(lg, target2d.to(device), reduction="none") * weights2d.to(device)).sum().backward()
+    res["spatial"] = enc(lg.grad)
+    return res
+case("nll_none", lambda: ce_grads(dev))
+
+# what the wheel computes: grad_output[0] for every row (on the CPU, for the comparison)
+def wheel_nll():
+    res = {}
+    for name, go, kw in (("per_sample", per_sample, {}),
+                         ("masked_mean", keep / keep.sum(), {"weight": class_weight})):
+        lg = logits.clone().requires_grad_()
+        loss = F.nll_loss(torch.log_softmax(lg, 1), target, reduction="none", **kw)
+        loss.backward(torch.full_like(go, float(go[0])))
+        res[name] = enc(lg.grad)
+    return res
+case("nll_none_wheel", wheel_nll)
+
+# fact 5: masked_fill with a uint8 mask (#702)
+case("masked_fill_uint8", lambda: enc(x.to(dev).masked_fill(m.to(torch.uint8).to(dev), 7.0)))
+case("masked_fill_bool", lambda: enc(x.to(dev).masked_fill(m.to(dev), 7.0)))
+
+# fact 7: reflect padding, (1, 2, 3, 4) on 6x6
+img = torch.randn(2, 3, 6, 6)
+def pad(name, p):
+    xi = leaf(img)
+    y = F.pad(xi, p, mode="reflect")
+    out[name] = enc(y)
+    def grad():
+        (y * torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape).to(dev)).sum().backward()
+        return enc(xi.grad)
+    case(name + "_grad", grad)
+case("reflect_pad", lambda: pad("reflect_pad", (1, 2, 3, 4)) or out["reflect_pad"])
+case("reflect_pad_square", lambda: pad("reflect_pad_square", (2, 2, 2, 2)) or out["reflect_pad_square"])
+
+# fact 11: layer norm backward without a bias
+feat = torch.randn(3, 5, 8)
+def layer_norm(kw, input_grad=True):
+    torch.manual_seed(1)
+    ln = nn.LayerNorm(8, **kw)
+    with torch.no_grad():
+        for p in ln.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ln = ln.to(dev)
+    xi = leaf(feat, grad=input_grad)
+    y = ln(xi)
+    (y * torch.linspace(-1, 1, 8).to(dev)).sum().backward()
+    res = {"out": enc(y)}
+    if input_grad:
+        res["grad_input"] = enc(xi.grad)
+    for name, p in ln.named_parameters():
+        res["grad_" + name] = enc(p.grad)
+    return res
+case("ln_weight_only", lambda: layer_norm({"bias": False}))
+case("ln_neither", lambda: layer_norm({"elementwise_affine": False}))
+case("ln_weight_input_no_grad", lambda: layer_norm({"bias": False}, input_grad=False))
+case("ln_weight_and_bias", lambda: layer_norm({}))
+
+# fact 1: two different ops fall back (neither has a decomposition); counted per op
+a = torch.eye(3).to(dev) * 2 + 1
+for _ in range(2):
+    torch.linalg.solve(a, torch.ones(3, 1, device=dev))
+for _ in range(3):
+    torch.count_nonzero(a)
+
+from dmlshim import events
+out["fallbacks_from_warnings"] = dict(events.cpu_fallbacks)
+out["guard_notes"] = {k: v for k, v in events.notes.items() if k.startswith("guard.")}
+print("RESULT " + json.dumps(out))
+"""
+
+FALLBACK_OPS = {"aten::_linalg_solve_ex.result": 2, "aten::count_nonzero.dim_IntList": 3}
+
+
+def run_facts(tmp_path, name: str, **options: str) -> Dict[str, Any]:
+    report = tmp_path / f"{name}.json"
+    env = clean_env(**{"DMLSHIM_" + k.upper(): v for k, v in options.items()},
+                    DMLSHIM_REPORT=str(report))
+    proc = subprocess.run([sys.executable, "-c", FACTS], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line[len("RESULT "):])
+    result["_report"] = json.loads(report.read_text())
+    result["_stderr"] = proc.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("facts")
+    return {
+        "cpu": run_facts(tmp, "cpu", device="cpu"),
+        "shim": run_facts(tmp, "shim", device="emulated-dml"),
+        "wheel": run_facts(tmp, "wheel", device="emulated-dml", guards="off"),
+    }
+
+
+def close(a: Any, b: Any, tol: float = 1e-5) -> bool:
+    """Equal structure, shapes and dtypes; floats equal within ``tol`` (relative and absolute)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+    return a == b
+
+
+CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none", "masked_fill_uint8", "masked_fill_bool",
+             "reflect_pad", "reflect_pad_grad", "reflect_pad_square", "reflect_pad_square_grad",
+             "ln_weight_only", "ln_neither",
+             "ln_weight_input_no_grad", "ln_weight_and_bias"]
+
+
+@pytest.mark.parametrize("fact", CPU_EQUAL)
+def test_guards_give_the_cpu_result(runs, fact):
+    cpu, shim = runs["cpu"][fact], runs["shim"][fact]
+    assert close(shim, cpu), (fact, shim, cpu)
+
+
+def test_the_cpu_reference_is_what_torch_says(runs):
+    cpu = runs["cpu"]
+    assert cpu["eye_n"]["shape"] == [3, 3] and cpu["eye_nm"]["shape"] == [2, 4]
+    assert cpu["mul_bool"]["x*m"]["dtype"] == "torch.float32"
+    assert cpu["masked_fill_uint8"]["error"] == (
+        "RuntimeError: masked_fill_ only supports boolean masks, but got mask with dtype "
+        "unsigned char")
+    assert cpu["reflect_pad"]["shape"] == [2, 3, 13, 9]
+    assert "error" not in cpu["ln_weight_only"] and "error" not in cpu["ln_neither"]
+    assert not close(cpu["nll_none"]["per_sample"], cpu["nll_none_wheel"]["per_sample"])
+
+
+def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
+    wheel, cpu = runs["wheel"], runs["cpu"]
+    # fact 2: eye comes back with shape (0,)
+    assert wheel["eye_n"]["shape"] == [0] and wheel["eye_nm"]["shape"] == [0]
+    # fact 3: float * bool is bool in every spelling; float * 2 is not affected
+    forms = wheel["mul_bool"]
+    assert {k: v["dtype"] for k, v in forms.items()} == {
+        "x*m": "torch.bool", "mul": "torch.bool", "m*x": "torch.bool", "x*=m": "torch.bool",
+        "x*2": "torch.float32"}
+    # fact 4: the backward uses grad_output[0] for every row (all zero when it is 0)
+    nll = wheel["nll_none"]
+    assert set(nll["per_sample"]["values"]) == {0.0}
+    assert close(nll["per_sample"], wheel["nll_none_wheel"]["per_sample"])
+    assert close(nll["masked_mean"], wheel["nll_none_wheel"]["masked_mean"])
+    assert not close(nll["masked_mean"], cpu["nll_none"]["masked_mean"])
+    assert not close(nll["spatial"], cpu["nll_none"]["spatial"])
+    # fact 5: a uint8 mask is accepted (as if bool)
+    assert close(wheel["masked_fill_uint8"], cpu["masked_fill_bool"])
+    # fact 7: the height and width padding are swapped: 9x13 instead of 13x9 (and the
+    # backward of that output does not fit the input)
+    assert wheel["reflect_pad"]["shape"] == [2, 3, 9, 13]
+    assert "error" in wheel["reflect_pad_grad"]
+    assert close(wheel["reflect_pad_square"], cpu["reflect_pad_square"])
+    assert close(wheel["reflect_pad_square_grad"], cpu["reflect_pad_square_grad"])
+    # fact 11: the layer-norm backward without a bias fails three ways; with one it works
+    assert wheel["ln_weight_only"] == {"error": "RuntimeError: Unknown error -2005270523"}
+    assert wheel["ln_neither"] == {"error": "RuntimeError: tensor does not have a device"}
+    assert wheel["ln_weight_input_no_grad"]["error"].startswith(
+        "RuntimeError: DirectML graph compilation failed")
+    assert close(wheel["ln_weight_and_bias"], cpu["ln_weight_and_bias"])
+    assert wheel["guard_notes"] == {}
+
+
+def test_guard_counters(runs):
+    notes = runs["shim"]["guard_notes"]
+    assert notes["guard.eye"] >= 2 and notes["guard.mul_bool"] == 4
+    assert notes["guard.nll_none"] == 3 and notes["guard.masked_fill_uint8"] == 1
+    assert notes["guard.reflect_pad"] == 1 and notes["guard.layer_norm_nobias"] == 3
+
+
+@pytest.mark.parametrize("run", ["shim", "wheel"])
+def test_every_fallback_op_is_reported_with_its_count(runs, run):
+    r = runs[run]
+    report = r["_report"]["cpu_fallbacks"]
+    # without the guards, torch.eye falls back too (and comes back empty)
+    expected = FALLBACK_OPS if run == "shim" else {**FALLBACK_OPS, "aten::eye.m_out": 2}
+    assert report["ops"] == expected
+    # the warnings dmlshim collected (torch.set_warn_always while it runs) count every call,
+    # although the emulator, like the wheel, warns once per process by itself
+    assert r["fallbacks_from_warnings"] == expected
+    summary = [x for x in r["_stderr"].splitlines() if "CPU fallbacks" in x]
+    assert len(summary) == 1, r["_stderr"]
+    for op, n in expected.items():
+        assert f"{op} x{n}" in summary[0]
+        # one warning line per op for the user, however often it fell back
+        assert r["_stderr"].count(f"The operator '{op}' is not currently supported") == 1, \
+            r["_stderr"]
+    assert runs["cpu"]["_report"]["cpu_fallbacks"]["ops"] == {}
+
+
+# -- facts decided outside the guards, on the emulator in this process ------------------------
+
+
+@pytest.fixture
+def emu():
+    before = (emulator.device_count(), emulator.switches()) if emulator.is_registered() else None
+    emulator.register(1)
+    emulator.reset_fallback_counts()
+    _fallback.rearm_warnings()
+    yield emulator
+    torch.set_warn_always(False)
+    if before is not None:
+        emulator.register(*before)
+    else:
+        emulator.set_switches(emulator.GAPS)
+
+
+def _fallback_warnings(caught):
+    return [str(w.message) for w in caught if "DML backend" in str(w.message)]
+
+
+def test_fallback_warning_fires_once_per_process_like_the_wheel(emu):
+    dev = emu.device(0)
+    a = torch.eye(3).to(dev) * 2 + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch.linalg.solve(a, torch.ones(3, 1, device=dev))
+        torch.count_nonzero(a)
+    assert len(_fallback_warnings(caught)) == 1  # one TORCH_WARN_ONCE site for every op
+    assert "_linalg_solve_ex.result" in _fallback_warnings(caught)[0]
+    assert emu.fallback_counts() == {"aten::_linalg_solve_ex.result": 2,
+                                     "aten::count_nonzero.dim_IntList": 1}
+    torch.set_warn_always(True)  # such a site then fires every time
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.count_nonzero(a)
+        torch.count_nonzero(a)
+    assert len(_fallback_warnings(caught)) == 2
+    torch.set_warn_always(False)
+    emu.set_switches([s for s in emu.GAPS if s != "fallback-warn-once"])  # once per op
+    _fallback.rearm_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.linalg.solve(a, torch.ones(3, 1, device=dev))
+        torch.count_nonzero(a)
+        torch.count_nonzero(a)
+    assert len(_fallback_warnings(caught)) == 2
+
+
+def test_channels_last_is_refused_on_to_like_the_wheel(emu):
+    dev = emu.device(0)
+    message = "'memory_format' argument is must be Contiguous for DML tensors"
+    conv = torch.nn.Conv2d(3, 4, 3).to(dev)
+    x = torch.randn(2, 3, 5, 5)
+    for call in (lambda: conv.to(memory_format=torch.channels_last),
+                 lambda: x.to(dev).to(memory_format=torch.channels_last),
+                 lambda: x.to(dev, memory_format=torch.channels_last)):
+        with pytest.raises(RuntimeError) as err:
+            call()
+        assert str(err.value) == message
+    y = x.to(dev).contiguous(memory_format=torch.channels_last)  # accepted
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y.cpu(), x)
+    emu.set_switches([s for s in emu.GAPS if s != "channels-last"])
+    assert x.to(dev, memory_format=torch.channels_last).is_contiguous(
+        memory_format=torch.channels_last)
+
+
+# -- the kernel table against the installed wheel (torch 2.4.1 lane) -------------------------
+
+_REGISTRATIONS = r"""
+import json, warnings
+import torch, torch_directml
+from dmlshim import config
+from dmlshim.patches.guard_kernels import KERNEL_GUARDS
+from dmlshim.patches.guards import GuardsPatch
+from dmlshim.target import Target
+
+regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
+print("REGS " + json.dumps(sorted(r for r in regs if r.startswith("aten::"))))
+
+# dmlshim's guard kernels go over the wheel's own and give them back at uninstall
+ops = ["aten::" + op for _, _, kernels in KERNEL_GUARDS.values() for op in kernels]
+def table():
+    return {op: [line for line in torch._C._dispatch_dump_table(op).splitlines()
+                 if line.startswith("PrivateUse1:")] for op in ops}
+before = table()
+patch = GuardsPatch()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    patch.install(Target("dml", 1, "test"), config.load({"device": "cpu"}, environ={}))
+during = table()
+patch.uninstall()
+print("GUARDS " + json.dumps({"before": before, "during": during, "after": table(),
+                              "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_kernel_table_matches_the_installed_wheel():
+    spec = importlib.util.find_spec("torch_directml")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torch-directml is not installed (the torch 2.4.1 lane has it)")
+    pkg = list(spec.submodule_search_locations)[0]
+    env = clean_env(DMLSHIM_DISABLE="1",
+                    LD_LIBRARY_PATH=os.pathsep.join(
+                        p for p in (pkg, os.environ.get("LD_LIBRARY_PATH")) if p))
+    # importing registers the kernels with the dispatcher; no adapter is needed for that, nor
+    # for registering dmlshim's guard kernels over them
+    proc = subprocess.run([sys.executable, "-c", _REGISTRATIONS], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    lines = {x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1]) for x in proc.stdout.splitlines()
+             if x.startswith(("REGS ", "GUARDS "))}
+    wheel = set(lines["REGS"])
+    assert len(wheel) > 200
+    assert sorted(wheel - DML_KERNELS_0_2_5) == [] and sorted(DML_KERNELS_0_2_5 - wheel) == []
+    guards = lines["GUARDS"]
+    assert guards["warnings"] == []  # no "Overriding a previously registered kernel" for users
+    assert guards["after"] == guards["before"]
+    for op, rows in guards["during"].items():
+        assert rows != guards["before"][op] and "[kernel]" in rows[0], (op, rows)
+    # (some of them replace a kernel of the wheel's, e.g. masked_fill_ and reflection_pad2d)
+    assert "torch_directml" in guards["before"]["aten::masked_fill_.Scalar"][0]
+
+
+def test_fallback_collection_leaves_the_scripts_settings_alone(shim):
+    from dmlshim import events
+
+    events.reset()
+    assert not torch.is_warn_always_enabled()
+    shim(device="emulated-dml")
+    try:
+        assert torch.is_warn_always_enabled()  # makes the wheel's TORCH_WARN_ONCE site fire
+        a = torch.ones(4, device="privateuseone")
+        with warnings.catch_warnings(record=True) as caught:
+            for _ in range(3):
+                torch.count_nonzero(a)  # shown once, counted three times
+            shown_by_default = len(_fallback_warnings(caught))
+            warnings.simplefilter("always")  # the script's own filter decides
+            torch.count_nonzero(a)
+            torch.count_nonzero(a)
+            shown_always = len(_fallback_warnings(caught)) - shown_by_default
+            warnings.simplefilter("ignore")
+            torch.count_nonzero(a)
+            shown_ignored = len(_fallback_warnings(caught)) - shown_by_default - shown_always
+        assert (shown_by_default, shown_always, shown_ignored) == (1, 2, 0)
+        assert events.cpu_fallbacks == {"aten::count_nonzero.dim_IntList": 5}
+        torch.set_warn_always(False)  # the script turns it off: it stays off
+    finally:
+        import dmlshim
+
+        dmlshim.uninstall()
+        events.reset()
+    assert not torch.is_warn_always_enabled()
+    assert not any(f[1] is not None and "DML backend" in f[1].pattern for f in warnings.filters)
+    shim(device="emulated-dml")
+    dmlshim.uninstall()
+    assert not torch.is_warn_always_enabled()  # restored to the value before install
