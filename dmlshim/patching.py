@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import CodeType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import wrapt
@@ -33,6 +34,16 @@ def is_patched(owner: Any, name: str) -> bool:
     return (id(owner), name) in _originals
 
 
+def _is_shim(module_name: str) -> bool:
+    return module_name.startswith("dmlshim.") or module_name.startswith("wrapt")
+
+
+# code object of a caller -> whether it is torch's. A code object belongs to one module, so the
+# answer never changes: the frame walk happens once per calling function, not once per call
+# (torch's Optimizer.step and autograd call patched functions every step).
+TORCH_CALLERS: Dict[CodeType, bool] = {}
+
+
 def caller_module(depth: int = 1) -> str:
     """``__name__`` of the module that called the function calling this one.
 
@@ -42,21 +53,30 @@ def caller_module(depth: int = 1) -> str:
     frame = sys._getframe(depth + 1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if not (name.startswith("dmlshim.") or name.startswith("wrapt")):
+        if not _is_shim(name):
             return name
         frame = frame.f_back  # type: ignore[assignment]
     return ""
 
 
 def called_from_torch(depth: int = 1) -> bool:
-    """True when the caller is torch's own code, which must keep seeing the truth."""
+    """True when the caller is torch's own code, which must keep seeing the truth.
+
+    Hot wrappers inline the cache lookup: ``TORCH_CALLERS.get(sys._getframe(1).f_code)``, and
+    call this only on a miss.
+    """
     frame = sys._getframe(depth + 1)
+    hit = TORCH_CALLERS.get(frame.f_code)
+    if hit is not None:
+        return hit
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if name.startswith("dmlshim.") or name.startswith("wrapt"):
+        if _is_shim(name):
             frame = frame.f_back  # type: ignore[assignment]
             continue
-        return name == "torch" or name.startswith("torch.")
+        answer = name == "torch" or name.startswith("torch.")
+        TORCH_CALLERS[frame.f_code] = answer
+        return answer
     return False
 
 

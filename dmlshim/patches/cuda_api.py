@@ -15,6 +15,7 @@ CUDA-only paths inside torch), everything else gets the emulation.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections import namedtuple
 from typing import Any, Callable, Dict, Optional
@@ -23,7 +24,7 @@ import torch
 
 from dmlshim import backend, devicemap, events
 from dmlshim.backend import _index
-from dmlshim.patching import Patch, called_from_torch
+from dmlshim.patching import TORCH_CALLERS, Patch, called_from_torch
 
 
 class UnsupportedCudaAPI(RuntimeError):
@@ -524,14 +525,18 @@ class CudaAPIPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
+        if not target.redirects:
+            return  # real CUDA answers for itself: a pass-through wrapper would only cost time
         cuda = torch.cuda
-        passthrough = not target.redirects
 
         def route(name: str, emulation: Callable[..., Any], api: str = ""):
             api = api or "torch.cuda." + name
 
             def wrapper(wrapped, instance, args, kwargs):
-                if passthrough or called_from_torch():
+                torch_caller = TORCH_CALLERS.get(sys._getframe(1).f_code)
+                if torch_caller is None:
+                    torch_caller = called_from_torch()
+                if torch_caller:
                     return wrapped(*args, **kwargs)
                 result = emulation(*args, **kwargs)
                 events.redirected(api, args[0] if args else "", _shown(result), tag="emulated")
@@ -550,8 +555,6 @@ class CudaAPIPatch(Patch):
             for name, emulation in ACCELERATOR.items():
                 if hasattr(accelerator, name):
                     self.wrap(accelerator, name, route(name, emulation, "torch.accelerator." + name))
-        if passthrough:
-            return
         for name, cls in EMULATED_CLASSES.items():
             if hasattr(cuda, name):
                 self.replace(cuda, name, cls)

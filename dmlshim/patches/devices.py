@@ -39,16 +39,29 @@ def factory_names() -> Tuple[str, ...]:
     return tuple(sorted(n for n in names if callable(getattr(torch, n, None))))
 
 
+_DEVICE = torch.device
+
+
 def _device_kwarg(api: str, position: Optional[int] = None):
     def wrapper(wrapped, instance, args, kwargs):
+        # torch's own code calls these every step (autograd's ones_like, Adam's
+        # torch.tensor(..., device="cpu")): arguments that cannot be CUDA devices are let
+        # through here, without a call (devicemap.maybe_cuda, inlined).
         if position is not None and len(args) > position:
             first = args[position]
-            new = map_device(first, int_is_cuda=True)
-            if new is not first:
-                args = args[:position] + (new,) + args[position + 1:]
-                events.redirected(api, first, new)
+            cls = first.__class__
+            if (cls is str and first.startswith("cuda")) or cls is int \
+                    or (cls is _DEVICE and first.type == "cuda"):
+                new = map_device(first, int_is_cuda=True)
+                if new is not first:
+                    args = args[:position] + (new,) + args[position + 1:]
+                    events.redirected(api, first, new)
         dev = kwargs.get("device")
         if dev is not None:
+            cls = dev.__class__
+            if not ((cls is str and dev.startswith("cuda")) or cls is int
+                    or (cls is _DEVICE and dev.type == "cuda")):
+                return wrapped(*args, **kwargs)
             new = map_device(dev, int_is_cuda=True)
             if new is not dev:
                 kwargs["device"] = new
@@ -77,11 +90,13 @@ class DevicesPatch(Patch):
         def tensor_cuda(wrapped, instance, args, kwargs):
             if not redirect:
                 return wrapped(*args, **kwargs)
-            arg = _cuda_arg(args, kwargs)
-            index = None if arg is None else devicemap.cuda_index(arg, int_is_cuda=True)
-            if index is False:  # e.g. x.cuda("cpu"): let torch raise its own error
-                return wrapped(*args, **kwargs)
-            dev = devicemap.device_for(index)  # type: ignore[arg-type]
+            arg = args[0] if args else kwargs.get("device")
+            if arg is None:
+                dev = devicemap.map_device("cuda")
+            else:
+                dev = devicemap.map_device(arg, int_is_cuda=True)
+                if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
+                    return wrapped(*args, **kwargs)
             events.redirected("Tensor.cuda", arg if arg is not None else "", dev)
             return t_to(instance, dev, non_blocking=kwargs.get("non_blocking", False),
                         memory_format=kwargs.get("memory_format", torch.preserve_format))

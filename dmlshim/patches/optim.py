@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 import torch.utils.data
 
-from dmlshim.patching import Patch
+from dmlshim.patching import Patch, get_original
 from dmlshim.rebind import boundaries, remap, workaround
 from dmlshim.rebind.registry import REGISTRY, SCHEDULER_TYPES
 
@@ -147,6 +147,7 @@ class OptimizerRebindPatch(Patch):
             finally:
                 local.converting = covered
                 after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
+                sync_scheduler_hooks()
 
         def module_load_state_dict(wrapped, instance, args, kwargs):
             if getattr(local, "loading", False) or not isinstance(instance, torch.nn.Module):
@@ -158,6 +159,7 @@ class OptimizerRebindPatch(Patch):
             finally:
                 local.loading = False
                 after(slots, "if_aliased", "optimizer rebind after Module.load_state_dict")
+                sync_scheduler_hooks()
 
         self.wrap(torch.nn.Module, "_apply", module_apply)
         self.wrap(torch.nn.Module, "load_state_dict", module_load_state_dict)
@@ -195,15 +197,31 @@ class OptimizerRebindPatch(Patch):
             # the first step() that __init__ makes is not a boundary
             if not getattr(local, "sched_init", 0):
                 boundaries.on_scheduler_step(instance, policy)
+                sync_scheduler_hooks()
 
         for cls in dict.fromkeys(SCHEDULER_TYPES):
             self.wrap(cls, "__init__", scheduler_init)
-        for cls in scheduler_classes_with_step():
-            self.replace(cls, "step", HookedLookup(vars(cls)["step"], before_scheduler_step))
+        hooks = {cls: HookedLookup(vars(cls)["step"], before_scheduler_step)
+                 for cls in scheduler_classes_with_step()}
+        for cls, hook in hooks.items():
+            self.replace(cls, "step", hook)
+        armed = [True]
+
+        def sync_scheduler_hooks() -> None:
+            # Schedulers are often stepped every batch. Under rebind/off a scheduler step only
+            # runs the audit, which has nothing to do until a conversion replaced Parameters:
+            # until then the classes hold torch's own `step` (no shim frame per step).
+            want = policy == "reset" or REGISTRY.replaced_since_audit > 0
+            if want is armed[0]:
+                return
+            armed[0] = want
+            for cls, hook in hooks.items():
+                cls.step = hook if want else hook.__wrapped__
 
         # -- epoch boundaries -----------------------------------------------------------------
         def loader_iter(wrapped, instance, args, kwargs):
             boundaries.on_loader_iter(instance, policy)
+            sync_scheduler_hooks()
             iterator = wrapped(*args, **kwargs)
             boundaries.remember_iterator(instance, iterator)
             return iterator
@@ -220,9 +238,30 @@ class OptimizerRebindPatch(Patch):
                 local.training = False
             if mode and was_eval:
                 boundaries.on_train_after_eval(policy)
+                sync_scheduler_hooks()
             return result
 
         self.wrap(torch.utils.data.DataLoader, "__iter__", loader_iter)
         self.wrap(torch.nn.Module, "train", module_train)
 
         REGISTRY.discover_existing()
+        sync_scheduler_hooks()
+        self._install_capture_check(target)
+
+    def _install_capture_check(self, target) -> None:
+        """torch >= 2.6 asks ``torch.accelerator`` in every ``Optimizer.step`` whether a CUDA/XPU
+        graph is being captured. On a target that redirects CUDA, torch's own answer is known at
+        install: the accelerator torch sees is not CUDA/XPU (or none), and the check returns.
+        So the check becomes a C-level no-op (``NoneType()``) instead of three wrapper frames
+        per step deciding that the caller is torch."""
+        cls = torch.optim.Optimizer
+        if not target.redirects or "_accelerator_graph_capture_health_check" not in vars(cls):
+            return
+        current = get_original(torch.accelerator, "current_accelerator")
+        try:
+            accelerator = current(check_available=True)
+        except TypeError:  # pragma: no cover - torch without the keyword
+            accelerator = current()
+        if accelerator is not None and accelerator.type in ("cuda", "xpu"):
+            return  # e.g. DMLSHIM_DEVICE=cpu on a CUDA machine: torch's check stays
+        self.replace(cls, "_accelerator_graph_capture_health_check", staticmethod(type(None)))
