@@ -15,8 +15,9 @@ from dmlshim.target import Target, TargetError
 
 log = logging.getLogger("dmlshim")
 
-# One module per area, installed in this order, removed in reverse. Each module defines one
-# Patch subclass; a module that does not exist yet is skipped (areas land one by one).
+# One module per area, installed in this order, removed in reverse. Each module defines exactly
+# one Patch subclass; a module that cannot be imported is an error (a rename must not make an
+# area vanish silently).
 PATCH_MODULES = (
     "dmlshim.patches.devices",
     "dmlshim.patches.cuda_api",
@@ -27,11 +28,23 @@ PATCH_MODULES = (
     "dmlshim.patches.serialization",
     "dmlshim.patches.compile",
     "dmlshim.patches.float64",
+    "dmlshim.patches.bf16",
+    "dmlshim.patches.layout",
     "dmlshim.patches.decompose",
     "dmlshim.patches.guards",
     "dmlshim.patches.distributed",
     "dmlshim.patches.processes",
     "dmlshim.patches.diagnostics",
+)
+
+#: What uninstall() cannot undo: (owner, attribute, why). Everything else install() changes on
+#: torch comes back as the very same object (tests/test_uninstall.py compares every attribute).
+#: Submodules that install() imports stay imported (a new module attribute of their parent).
+PERMANENT = (
+    ("torch", "privateuseone", "emulated-dml: the PrivateUse1 backend's device module; torch "
+     "cannot unregister a backend once registered"),
+    ("torch", "Generator", "emulated-dml: the emulator's generator routing, registered with the "
+     "PrivateUse1 backend (torch-directml refuses device generators)"),
 )
 
 _lock = threading.RLock()
@@ -40,20 +53,23 @@ _target: Optional[Target] = None
 _config_in_force: Optional[_config.Config] = None
 
 
-def _load_patches() -> PatchSet:
-    found: List[Patch] = []
+def patch_classes() -> List[type]:
+    """The Patch subclass of each module of :data:`PATCH_MODULES`, in order."""
+    classes: List[type] = []
     for modname in PATCH_MODULES:
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as err:
-            if err.name == modname:
-                continue
-            raise
-        for value in vars(mod).values():
-            if isinstance(value, type) and issubclass(value, Patch) and value is not Patch \
-                    and value.__module__ == modname:
-                found.append(value())
-    return PatchSet(found)
+        mod = importlib.import_module(modname)
+        found = [value for value in vars(mod).values()
+                 if isinstance(value, type) and issubclass(value, Patch) and value is not Patch
+                 and value.__module__ == modname]
+        if len(found) != 1:
+            raise ImportError(f"dmlshim: {modname} must define exactly one Patch subclass, "
+                              f"found {[c.__name__ for c in found]}")
+        classes.append(found[0])
+    return classes
+
+
+def _load_patches() -> PatchSet:
+    return PatchSet([cls() for cls in patch_classes()])
 
 
 def _setup_logging(level: str) -> None:
@@ -148,5 +164,5 @@ def installed_patches() -> List[str]:
     return [p.name for p in _patches.patches if p.installed] if _patches else []
 
 
-__all__ = ["install", "uninstall", "is_installed", "current_target", "get_original",
+__all__ = ["PERMANENT", "install", "uninstall", "is_installed", "current_target", "get_original",
            "TargetError", "installed_patches"]

@@ -324,7 +324,10 @@ def make_graphed_callables(callables, sample_args, *args: Any, **kwargs: Any):
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    return backend.has_bf16()
+    from dmlshim.patches import bf16  # DirectML: DMLSHIM_BF16 converts bf16, unless "error"
+
+    answer = bf16.reports_supported()
+    return backend.has_bf16() if answer is None else answer
 
 
 def current_device() -> int:

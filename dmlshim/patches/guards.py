@@ -27,7 +27,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from dmlshim import events
+from dmlshim import capabilities, events
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
@@ -48,12 +48,8 @@ _BN_PARAMS = ("input", "running_mean", "running_var", "weight", "bias", "trainin
 def active_guards(target: Any, config: Any) -> Tuple[str, ...]:
     if config.guards != "on":
         return ()
-    if target.kind == "dml":
-        return tuple(GUARDS)
-    if target.kind == "emulated-dml":
-        switches = config.emulator_switches()
-        return tuple(name for name, (switch, _) in GUARDS.items() if switch in switches)
-    return ()
+    bugs = capabilities.of(target, config).known_bugs()
+    return tuple(name for name in GUARDS if name in bugs)
 
 
 def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -53,7 +53,8 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 import torch.utils.data
 
-from dmlshim.patching import Patch, get_original
+from dmlshim.config import OptimizerPolicy
+from dmlshim.patching import Patch, Reentry, get_original
 from dmlshim.rebind import boundaries, remap, workaround
 from dmlshim.rebind.registry import REGISTRY, SCHEDULER_TYPES
 
@@ -114,16 +115,17 @@ class OptimizerRebindPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
-        policy = config.optimizer
-        local = threading.local()
+        policy = OptimizerPolicy(config.optimizer)
+        local = threading.local()  # .converting: ids of the modules being converted
+        loading, training, scheduler_init_running = Reentry(), Reentry(), Reentry()
         REGISTRY.clear()
         self.on_undo(REGISTRY.clear)
         self.on_undo(boundaries.clear_sites)
 
         def after(slots, retie: str, api: str) -> None:
-            mapping = remap.collect_replacements(slots, retie if policy != "off" else "never",
+            mapping = remap.collect_replacements(slots, retie if policy is not OptimizerPolicy.OFF else "never",
                                                  api)
-            if mapping and policy != "off":
+            if mapping and policy is not OptimizerPolicy.OFF:
                 remap.rebind_all(mapping, REGISTRY.live_optimizers(), api)
 
         # -- conversions ----------------------------------------------------------------------
@@ -136,7 +138,7 @@ class OptimizerRebindPatch(Patch):
                     (covered is not None and id(instance) in covered):
                 return wrapped(*args, **kwargs)
             slots = remap.parameter_slots(instance)
-            if policy != "off":
+            if policy is not OptimizerPolicy.OFF:
                 tied = remap.tied_tensors(slots)
                 if tied:
                     args, kwargs = _replace_fn(args, kwargs,
@@ -150,14 +152,13 @@ class OptimizerRebindPatch(Patch):
                 sync_scheduler_hooks()
 
         def module_load_state_dict(wrapped, instance, args, kwargs):
-            if getattr(local, "loading", False) or not isinstance(instance, torch.nn.Module):
+            if loading.active or not isinstance(instance, torch.nn.Module):
                 return wrapped(*args, **kwargs)
             slots = remap.parameter_slots(instance)
-            local.loading = True
             try:
-                return wrapped(*args, **kwargs)
+                with loading:
+                    return wrapped(*args, **kwargs)
             finally:
-                local.loading = False
                 after(slots, "if_aliased", "optimizer rebind after Module.load_state_dict")
                 sync_scheduler_hooks()
 
@@ -168,13 +169,13 @@ class OptimizerRebindPatch(Patch):
         def optimizer_init(wrapped, instance, args, kwargs):
             result = wrapped(*args, **kwargs)
             info = REGISTRY.track_optimizer(instance, boundaries.user_site())
-            if policy != "off":
+            if policy is not OptimizerPolicy.OFF:
                 # built over a list of parameters taken before a conversion replaced them
                 mapping = remap.mapping_from_registry(instance)
                 if mapping:
                     remap.rebind_all(mapping, [instance],
                                      "optimizer built over replaced parameters")
-            if policy == "rebind":
+            if policy is OptimizerPolicy.REBIND:
                 message = workaround.on_new_optimizer(instance, info)
                 if message:
                     boundaries.warn_at_user_site(message, workaround.RecreatedOptimizerWarning)
@@ -184,18 +185,14 @@ class OptimizerRebindPatch(Patch):
 
         # -- LR schedulers --------------------------------------------------------------------
         def scheduler_init(wrapped, instance, args, kwargs):
-            depth = getattr(local, "sched_init", 0)
-            local.sched_init = depth + 1
-            try:
+            with scheduler_init_running:
                 result = wrapped(*args, **kwargs)
-            finally:
-                local.sched_init = depth
             REGISTRY.track_scheduler(instance)
             return result
 
         def before_scheduler_step(instance) -> None:
             # the first step() that __init__ makes is not a boundary
-            if not getattr(local, "sched_init", 0):
+            if not scheduler_init_running.active:
                 boundaries.on_scheduler_step(instance, policy)
                 sync_scheduler_hooks()
 
@@ -211,7 +208,7 @@ class OptimizerRebindPatch(Patch):
             # Schedulers are often stepped every batch. Under rebind/off a scheduler step only
             # runs the audit, which has nothing to do until a conversion replaced Parameters:
             # until then the classes hold torch's own `step` (no shim frame per step).
-            want = policy == "reset" or REGISTRY.replaced_since_audit > 0
+            want = policy is OptimizerPolicy.RESET or REGISTRY.replaced_since_audit > 0
             if want is armed[0]:
                 return
             armed[0] = want
@@ -227,15 +224,12 @@ class OptimizerRebindPatch(Patch):
             return iterator
 
         def module_train(wrapped, instance, args, kwargs):
-            if getattr(local, "training", False) or not isinstance(instance, torch.nn.Module):
+            if training.active or not isinstance(instance, torch.nn.Module):
                 return wrapped(*args, **kwargs)
             mode = args[0] if args else kwargs.get("mode", True)
             was_eval = not instance.training
-            local.training = True
-            try:
+            with training:
                 result = wrapped(*args, **kwargs)
-            finally:
-                local.training = False
             if mode and was_eval:
                 boundaries.on_train_after_eval(policy)
                 sync_scheduler_hooks()
