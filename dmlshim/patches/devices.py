@@ -173,7 +173,7 @@ class DevicesPatch(Patch):
     name = "devices"
 
     def applies(self, target) -> bool:
-        return True  # on a real-CUDA target every wrapper is a pass-through (overhead runs)
+        return target.redirects  # on real CUDA every wrapper would be a pass-through
 
     def _install(self, target, config) -> None:
         redirect = target.redirects

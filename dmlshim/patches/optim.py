@@ -243,19 +243,27 @@ class OptimizerRebindPatch(Patch):
         self._install_capture_check(target)
 
     def _install_capture_check(self, target) -> None:
-        """torch >= 2.6 asks ``torch.accelerator`` in every ``Optimizer.step`` whether a CUDA/XPU
-        graph is being captured. On a target that redirects CUDA, torch's own answer is known at
-        install: the accelerator torch sees is not CUDA/XPU (or none), and the check returns.
-        So the check becomes a C-level no-op (``NoneType()``) instead of three wrapper frames
-        per step deciding that the caller is torch."""
+        """torch asks ``torch.accelerator`` (>= 2.6) or ``torch.cuda`` (2.4) in every
+        ``Optimizer.step`` whether a CUDA/XPU graph is being captured. On a target that
+        redirects CUDA, torch's own answer is known at install: the accelerator torch sees is
+        not CUDA/XPU (or there is none), and the check returns. So the check becomes a C-level
+        no-op (``NoneType()``) instead of wrapper frames per step deciding the caller is torch."""
         cls = torch.optim.Optimizer
-        if not target.redirects or "_accelerator_graph_capture_health_check" not in vars(cls):
+        if not target.redirects:
             return
-        current = get_original(torch.accelerator, "current_accelerator")
-        try:
-            accelerator = current(check_available=True)
-        except TypeError:  # pragma: no cover - torch without the keyword
-            accelerator = current()
-        if accelerator is not None and accelerator.type in ("cuda", "xpu"):
-            return  # e.g. DMLSHIM_DEVICE=cpu on a CUDA machine: torch's check stays
-        self.replace(cls, "_accelerator_graph_capture_health_check", staticmethod(type(None)))
+        if "_accelerator_graph_capture_health_check" in vars(cls):
+            name = "_accelerator_graph_capture_health_check"
+            current = get_original(torch.accelerator, "current_accelerator")
+            try:
+                accelerator = current(check_available=True)
+            except TypeError:  # pragma: no cover - torch without the keyword
+                accelerator = current()
+            if accelerator is not None and accelerator.type in ("cuda", "xpu"):
+                return  # e.g. DMLSHIM_DEVICE=cpu on a CUDA machine: torch's check stays
+        elif "_cuda_graph_capture_health_check" in vars(cls):  # torch 2.4
+            name = "_cuda_graph_capture_health_check"
+            if get_original(torch.cuda, "is_available")():
+                return
+        else:  # pragma: no cover - a torch without the check
+            return
+        self.replace(cls, name, staticmethod(type(None)))
