@@ -6,6 +6,7 @@ import importlib
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, List, Optional
 
 from dmlshim import config as _config
@@ -47,10 +48,38 @@ PERMANENT = (
      "PrivateUse1 backend (torch-directml refuses device generators)"),
 )
 
+@dataclass
+class Shim:
+    """One installation: built by install(), dropped by uninstall().
+
+    ``patches`` is None for an inert target (real CUDA found by ``auto``: nothing installed).
+    """
+
+    target: Target
+    config: _config.Config
+    patches: Optional[PatchSet] = None
+
+    @property
+    def capabilities(self) -> Any:
+        from dmlshim import capabilities
+
+        return capabilities.of(self.target, self.config)
+
+
 _lock = threading.RLock()
-_patches: Optional[PatchSet] = None
-_target: Optional[Target] = None
-_config_in_force: Optional[_config.Config] = None
+_shim: Optional[Shim] = None
+
+
+def __getattr__(name: str) -> Any:
+    # `api._patches` (read by tests and tools): the installed PatchSet, or None
+    if name == "_patches":
+        return _shim.patches if _shim is not None else None
+    raise AttributeError(name)
+
+
+def session() -> Optional[Shim]:
+    """The installation in force (None when not installed)."""
+    return _shim
 
 
 def patch_classes() -> List[type]:
@@ -96,15 +125,14 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
     ``optimizer="rebind"``, ...); they override the environment. Calling install again with
     the same options does nothing; with other options it reinstalls.
     """
-    global _patches, _target, _config_in_force
+    global _shim
     from dmlshim import config as cfgmod
 
     with _lock:
         cfg = _config if _config is not None else cfgmod.load(options, source="install()")
-        if _patches is not None and _config_in_force is not None \
-                and _same_options(_config_in_force, cfg):
-            return _target  # type: ignore[return-value]
-        if _patches is not None:
+        if _shim is not None and _shim.patches is not None and _same_options(_shim.config, cfg):
+            return _shim.target
+        if _shim is not None and _shim.patches is not None:
             uninstall()
         _setup_logging(cfg.log)
         from dmlshim import devicemap, events, target
@@ -113,7 +141,7 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
         cfgmod.set_current(cfg)
         events.configure(trace=cfg.log in ("info", "debug") or bool(cfg.report))
         if tgt.inert:
-            _target, _config_in_force = tgt, cfg
+            _shim = Shim(tgt, cfg)
             log.info("%s", tgt.reason)
             return tgt
         if tgt.kind == "emulated-dml":
@@ -132,37 +160,38 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
             devicemap.deactivate()
             cfgmod.set_current(None)
             raise
-        _patches, _target, _config_in_force = patches, tgt, cfg
+        _shim = Shim(tgt, cfg, patches)
         log.info("target %s (%s); patches: %s", tgt.kind, tgt.reason, ", ".join(names))
         return tgt
 
 
 def uninstall() -> None:
     """Remove every patch; every patched attribute is the original object again."""
-    global _patches, _target, _config_in_force
+    global _shim
     from dmlshim import config as cfgmod
     from dmlshim import devicemap
 
     with _lock:
-        if _patches is not None:
-            _patches.uninstall()
-        _patches = None
-        _target = _config_in_force = None
+        if _shim is not None and _shim.patches is not None:
+            _shim.patches.uninstall()
+        _shim = None
         devicemap.deactivate()
         cfgmod.set_current(None)
 
 
 def is_installed() -> bool:
-    return _patches is not None
+    return _shim is not None and _shim.patches is not None
 
 
 def current_target() -> Optional[Target]:
-    return _target
+    return _shim.target if _shim is not None else None
 
 
 def installed_patches() -> List[str]:
-    return [p.name for p in _patches.patches if p.installed] if _patches else []
+    if _shim is None or _shim.patches is None:
+        return []
+    return [p.name for p in _shim.patches.patches if p.installed]
 
 
-__all__ = ["PERMANENT", "install", "uninstall", "is_installed", "current_target", "get_original",
+__all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed", "current_target", "get_original",
            "TargetError", "installed_patches"]

@@ -177,3 +177,17 @@ def test_a_patch_module_that_cannot_be_imported_is_an_error(monkeypatch):
     monkeypatch.setattr(api, "PATCH_MODULES", api.PATCH_MODULES + ("dmlshim.patches.renamed",))
     with pytest.raises(ModuleNotFoundError):
         api.patch_classes()
+
+
+def test_an_attribute_is_wrapped_once(shim):
+    shim(device="cpu")
+
+    class Second(patching.Patch):
+        name = "second"
+
+        def _install(self, target, config):
+            self.wrap(torch.Tensor, "to", lambda wrapped, instance, args, kwargs: None)
+
+    with pytest.raises(RuntimeError, match="already wrapped"):
+        Second().install(api.current_target(), None)
+    assert torch.ones(1).to("cuda").device.type == "cpu"  # the owner's wrapper is intact

@@ -1,29 +1,5 @@
-"""Optimizers and LR schedulers stay bound to the live Parameters (``DMLSHIM_OPTIMIZER``).
-
-The stall
----------
-``torch.nn.Module._apply`` (behind ``.to()``, ``.cuda()``, ``.cpu()``, ``.half()``, ...) keeps a
-Parameter object only when ``torch._has_compatible_shallow_copy_type(old, new)`` holds, and
-PrivateUse1 -- DirectML's backend -- is not on c10's list of compatible dense backends. So on
-DirectML every move between the CPU and the adapter builds *new* Parameter objects. An optimizer
-built before ``model.to(dml)``, or kept across a ``model.cpu()`` / save / ``model.to(dml)``
-bounce, or across ``model.load_state_dict(sd, assign=True)``, goes on stepping the old tensors:
-no error, the loss just stays flat. Tied weights come out as two copies. It is not DirectML's
-"graph handling"; it is object identity. ``torch.__future__.set_overwrite_module_params_on_
-conversion(True)`` reproduces it on any machine.
-
-Policies
---------
-``rebind`` (default): after every conversion, each optimizer holds the new Parameters; its state
-(momentum buffers, Adam moments, step counts) is re-keyed and moved to the parameter's device,
-once, the old copies dropped; tied Parameters come out as one Parameter again. LR schedulers,
-GradScaler and ``swa_utils.AveragedModel`` hold the optimizer object or iterate
-``model.parameters()`` afresh, so they need nothing else. A script that already re-creates its
-optimizer every epoch (the published workaround) keeps its state and LR schedule: see
-:mod:`dmlshim.rebind.workaround`.
-``reset``: as ``rebind``, and optimizer state is cleared at each epoch boundary -- what the
-workaround achieves, done for the user. ``off``: nothing changes (the stall stays); an optimizer
-found stepping replaced Parameters at an epoch boundary is reported once, with the fix.
+"""Optimizers and LR schedulers stay bound to the live Parameters (``DMLSHIM_OPTIMIZER``;
+the stall and the policies are in the README's "The training stall").
 
 Mechanism: a remap, not ``torch.utils.swap_tensors``
 ----------------------------------------------------
@@ -42,7 +18,9 @@ gives the old->new map, applied to every tracked optimizer. Optimizers are track
 
 Nothing runs per step or per op: the hooks are conversions, ``load_state_dict``, optimizer and
 scheduler construction, and the epoch-boundary events (DataLoader pass start, scheduler step,
-``train()`` after ``eval()``).
+``train()`` after ``eval()``). The scheduler-step hook, which a per-batch scheduler would run
+every step, is armed only while it has something to do (a conversion replaced Parameters since
+the last audit, or ``reset``).
 """
 
 from __future__ import annotations
