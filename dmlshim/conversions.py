@@ -39,8 +39,7 @@ class DtypeRule:
 
 @dataclass(frozen=True)
 class MemoryFormatRule:
-    lands_on: Callable[[torch.device], bool]
-    dropped: Callable[[str, Any], None]  # api, the format dropped: records it
+    lands_on: Callable[[torch.device], bool]  # formats other than contiguous are dropped there
 
 
 #: dtype -> its rule; empty unless an area registered one (DirectML targets)
@@ -102,10 +101,38 @@ def memory_format_for(api: str, memory_format: Any, dev: Any) -> bool:
     if rule is None or memory_format in _KEPT_FORMATS:
         return False
     device = as_device(dev)
-    if device is None or not rule.lands_on(device):
-        return False
-    rule.dropped(api, memory_format)
-    return True
+    return device is not None and rule.lands_on(device)
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def record(api: str, moved: Optional[Tuple[Any, Any, str]],
+           dtype_change: Optional[Tuple[Any, Any]] = None, dropped: Any = None) -> None:
+    """The one event of a call the rewriters changed: ``moved`` (device as passed, what it
+    became, keyword), ``dtype_change`` (old, new), ``dropped`` (a memory format)."""
+    before, after = [], []
+    if moved is not None and not (isinstance(moved[0], str) and moved[0] == ""):
+        before.append(str(moved[0]))
+    if moved is not None:
+        after.append(str(moved[1]))
+    if dtype_change is not None:
+        before.append(_name(dtype_change[0]))
+        after.append(_name(dtype_change[1]))
+    if dropped is not None:
+        before.append(f"memory_format={_name(dropped)}")
+        after.append("contiguous")
+    if moved is not None:
+        tag = "redirected"
+    elif dtype_change is not None:
+        tag = "emulated"
+    else:
+        tag = "dropped"
+    if moved is not None and len(after) == 1:
+        events.redirected(api, moved[0], moved[1], arg=moved[2])
+    else:
+        events.redirected(api, ", ".join(before), ", ".join(after), tag=tag)
 
 
 def parse_to(args: tuple, kwargs: dict) -> Tuple[Any, Optional[torch.dtype], Dict[str, Any]]:
@@ -129,16 +156,21 @@ def parse_to(args: tuple, kwargs: dict) -> Tuple[Any, Optional[torch.dtype], Dic
     return dev, dtype, rest
 
 
-def rewrite_to(api: str, instance: torch.Tensor, args: tuple, kwargs: dict
-               ) -> Optional[Tuple[tuple, dict]]:
+def rewrite_to(api: str, instance: torch.Tensor, args: tuple, kwargs: dict,
+               moved: Optional[Tuple[Any, Any, str]] = None) -> Optional[Tuple[tuple, dict]]:
     """The dtype and memory-format rules for a ``Tensor.to`` call whose device rule already
-    ran: new (args, kwargs), or None when they change nothing."""
+    ran (``moved``: what it changed): new (args, kwargs) with the call's one event recorded,
+    or None when they change nothing (the caller records ``moved``)."""
     dev, dtype, rest = parse_to(args, kwargs)
     target = dev if dev is not None else instance.device
-    new_dtype = dtype_for(api, dtype if dtype is not None else instance.dtype, target)
-    drop = memory_format_for(api, rest.get("memory_format"), target)
+    old_dtype = dtype if dtype is not None else instance.dtype
+    new_dtype = dtype_for(api, old_dtype, target)
+    dropped = rest.get("memory_format")
+    drop = memory_format_for(api, dropped, target)
     if new_dtype is None and not drop:
         return None
+    record(api, moved, (old_dtype, new_dtype) if new_dtype is not None else None,
+           dropped if drop else None)
     if drop:
         rest.pop("memory_format")
     if new_dtype is not None:
@@ -162,9 +194,11 @@ def map_any(dev: Any) -> Any:
 _INFERRING = ("tensor", "as_tensor", "asarray")  # the result dtype comes from the data
 
 
-def call_factory(name: str, wrapped: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def call_factory(name: str, wrapped: Callable[..., Any], args: tuple, kwargs: dict,
+                 moved: Optional[Tuple[Any, Any, str]] = None) -> Any:
     """A factory call whose result may have a dtype of :data:`DTYPE_RULES` (the device rule has
-    already run): the rule decides; the call is made as it is otherwise."""
+    already run; ``moved``: what it changed): the rule decides, and the call's one event is
+    recorded; the call is made as it is otherwise."""
     api = "torch." + name
     infers = name in _INFERRING
     likes = name.endswith("_like")
@@ -175,7 +209,7 @@ def call_factory(name: str, wrapped: Callable[..., Any], args: tuple, kwargs: di
         if len(args) > 2 and dev is None:
             dev = map_any(args[2])
             if dev is not args[2]:
-                events.redirected(api, args[2], dev, arg="device")
+                moved = (args[2], dev, "device")
         args = (args[0],)
         kwargs = dict(kwargs, dtype=dtype, device=dev)
     if dev is None:
@@ -184,35 +218,47 @@ def call_factory(name: str, wrapped: Callable[..., Any], args: tuple, kwargs: di
         if dtype is None:
             dtype = getattr(args[0], "dtype", None) if args else None
         new = dtype_for(api, dtype, dev)
+        _record_factory(api, moved, dtype, new)
         return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
     if infers:
-        return _inferred(wrapped, api, args, kwargs, dev)
+        return _inferred(wrapped, api, args, kwargs, dev, moved)
     # the default dtype has a rule: learn the result dtype on the meta device (no data)
     probe_kwargs = {k: v for k, v in kwargs.items()
                     if k not in ("generator", "pin_memory", "requires_grad", "out")}
     try:
         probe = wrapped(*args, **dict(probe_kwargs, device="meta"))
     except Exception:  # noqa: BLE001 - no probe: leave the call as it is
+        _record_factory(api, moved, None, None)
         return wrapped(*args, **kwargs)
     new = dtype_for(api, getattr(probe, "dtype", None), dev)
+    _record_factory(api, moved, getattr(probe, "dtype", None), new)
     return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
 
 
-def _inferred(wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict, dev: Any) -> Any:
+def _record_factory(api: str, moved: Any, old: Any, new: Any) -> None:
+    if new is not None:
+        record(api, moved, (old, new))
+    elif moved is not None:
+        events.redirected(api, moved[0], moved[1], arg=moved[2])
+
+
+def _inferred(wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict, dev: Any,
+              moved: Any = None) -> Any:
     """torch.tensor/as_tensor/asarray without dtype: the data decides; build on the host."""
     device = as_device(dev)
-    if device is None or device.type in ("cpu", "meta"):
-        return wrapped(*args, **kwargs)
     data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
-    if isinstance(data, torch.Tensor) and data.dtype not in DTYPE_RULES:
+    if device is None or device.type in ("cpu", "meta") \
+            or (isinstance(data, torch.Tensor) and data.dtype not in DTYPE_RULES):
+        _record_factory(api, moved, None, None)
         return wrapped(*args, **kwargs)
     host_kwargs = dict(kwargs, device="cpu")
     requires_grad = bool(host_kwargs.pop("requires_grad", False))
     host = wrapped(*args, **host_kwargs)
     new = dtype_for(api, host.dtype, dev) if host.dtype in DTYPE_RULES else None
+    _record_factory(api, moved, host.dtype, new)
     if new is None:
         return wrapped(*args, **kwargs)  # the usual path, so storage sharing stays as it is
-    moved = host.to(device=map_any(dev), dtype=new)
+    result = host.to(device=map_any(dev), dtype=new)
     if requires_grad:
-        moved.requires_grad_(True)
-    return moved
+        result.requires_grad_(True)
+    return result

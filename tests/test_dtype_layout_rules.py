@@ -57,8 +57,12 @@ def test_bf16_entering_the_device_follows_the_policy(shim, policy, expected):
     ours = [w for w in caught if "DMLSHIM_BF16" in str(w.message)]
     assert ours and all(w.filename == __file__ for w in ours)
     assert len({w.lineno for w in ours}) == len(ours)  # once per call site
-    listed = {(s.api, s.original, s.became) for s in events.call_sites() if s.tag == "emulated"}
-    assert ("Tensor.cuda", "'bfloat16'", str(expected).replace("torch.", "")) in listed, listed
+    # one event per call, listed in the report: x.to(BF16).cuda() moved it and converted it
+    name = str(expected).replace("torch.", "")
+    listed = {(s.api, s.original, s.became) for s in events.call_sites()}
+    assert ("Tensor.cuda", "'bfloat16'", f"privateuseone:0, {name}") in listed, listed
+    assert ("Tensor.bfloat16", "'bfloat16'", name) in listed, listed
+    assert events.api_counts["Tensor.cuda"] == 4  # four .cuda() calls, one event each
     assert torch.cuda.is_bf16_supported() is True
     # host tensors keep bf16
     assert x.to(BF16).dtype is BF16 and torch.zeros(2, dtype=BF16).dtype is BF16
@@ -121,7 +125,10 @@ def test_channels_last_is_dropped_for_the_device(shim):
     xc = x.cuda(memory_format=torch.channels_last)
     assert model.weight.is_contiguous() and xd.is_contiguous() and xc.is_contiguous()
     assert torch.allclose(model(xd).detach().cpu(), ref, atol=1e-5)
-    dropped = [s for s in events.call_sites() if s.tag == "dropped" and "channels_last" in s.original]
-    assert dropped and all(s.file == __file__ for s in dropped)
+    dropped = [s for s in events.call_sites() if "memory_format=channels_last" in s.original]
+    assert {s.api for s in dropped} == {"Tensor.to", "Tensor.cuda"}, events.call_sites()
+    assert all(s.became.endswith("contiguous") for s in dropped)
+    # Module.to is attributed to the script's line (its tensors' Tensor.to calls)
+    assert all(s.file == __file__ for s in dropped)
     # .contiguous(memory_format=...) is untouched, and the CPU keeps channels_last
     assert x.to(memory_format=torch.channels_last).is_contiguous(memory_format=torch.channels_last)

@@ -43,7 +43,7 @@ def _refuse(api: str) -> None:
 def _note(api: str, policy: Bf16Policy) -> torch.dtype:
     new = _AS[policy]
     name = str(new).replace("torch.", "")
-    events.redirected(api, "bfloat16", name, tag="emulated")
+    # the entry point (or the autocast wrapper) records the call's one event
     events.warn_at_user_site(f"dmlshim: {api}: bfloat16 becomes {name} on the DirectML device, "
                              f"which has no bfloat16 (DMLSHIM_BF16={policy.value})")
     return new

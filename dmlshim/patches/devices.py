@@ -57,6 +57,7 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
         # torch's own code calls these every step (autograd's ones_like, Adam's
         # torch.tensor(..., device="cpu")): arguments that cannot be CUDA devices are let
         # through here, without a call (devicemap.maybe_cuda, inlined).
+        moved = None  # (argument as passed, what it became, keyword): recorded once, below
         if position is not None and len(args) > position:
             first = args[position]
             cls = first.__class__
@@ -65,7 +66,7 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
                 new = map_device(first, int_is_cuda=True)
                 if new is not first:
                     args = args[:position] + (new,) + args[position + 1:]
-                    events.redirected(api, first, new)
+                    moved = (first, new, "")
         dev = kwargs.get("device")
         if dev is not None:
             cls = dev.__class__
@@ -74,7 +75,7 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
                 new = map_device(dev, int_is_cuda=True)
                 if new is not dev:
                     kwargs["device"] = new
-                    events.redirected(api, dev, new, arg="device")
+                    moved = (dev, new, "device")
                     dev = new
         rules = conversions.DTYPE_RULES
         if factory and rules:
@@ -92,7 +93,9 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
             else:
                 hit = torch.get_default_dtype() in rules
             if hit:
-                return conversions.call_factory(name, wrapped, args, kwargs)
+                return conversions.call_factory(name, wrapped, args, kwargs, moved)
+        if moved is not None:
+            events.redirected(api, moved[0], moved[1], arg=moved[2])
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -101,6 +104,7 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
 def _tensor_to(wrapped, instance, args, kwargs):
     """``Tensor.to``: the device rule; the dtype and memory-format rules when registered."""
     api = "Tensor.to"
+    moved = None
     if args:
         first = args[0]
         cls = first.__class__
@@ -109,7 +113,7 @@ def _tensor_to(wrapped, instance, args, kwargs):
             new = map_device(first, int_is_cuda=True)
             if new is not first:
                 args = (new,) + args[1:]
-                events.redirected(api, first, new)
+                moved = (first, new, "")
     dev = kwargs.get("device")
     if dev is not None:
         cls = dev.__class__
@@ -118,7 +122,7 @@ def _tensor_to(wrapped, instance, args, kwargs):
             new = map_device(dev, int_is_cuda=True)
             if new is not dev:
                 kwargs["device"] = new
-                events.redirected(api, dev, new, arg="device")
+                moved = (dev, new, "device")
     rules = conversions.DTYPE_RULES
     if rules or conversions.MEMORY_FORMAT_RULE is not None:
         hit = instance.dtype in rules or kwargs.get("dtype") in rules \
@@ -130,14 +134,17 @@ def _tensor_to(wrapped, instance, args, kwargs):
                     hit = True
                     break
         if hit:
-            rewritten = conversions.rewrite_to(api, instance, args, kwargs)
+            rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
             if rewritten is not None:
-                args, kwargs = rewritten
+                return wrapped(*rewritten[0], **rewritten[1])
+    if moved is not None:
+        events.redirected(api, moved[0], moved[1], arg=moved[2])
     return wrapped(*args, **kwargs)
 
 
 def _new_method(api: str):
     def wrapper(wrapped, instance, args, kwargs):
+        moved = None
         dev = kwargs.get("device")
         if dev is not None:
             cls = dev.__class__
@@ -146,13 +153,18 @@ def _new_method(api: str):
                 new = map_device(dev, int_is_cuda=True)
                 if new is not dev:
                     kwargs["device"] = new
-                    events.redirected(api, dev, new, arg="device")
+                    moved = (dev, new, "device")
                     dev = new
         dtype = kwargs.get("dtype")
+        new_dtype = None
         if dtype is not None and dtype in conversions.DTYPE_RULES:
             new_dtype = conversions.dtype_for(api, dtype, dev if dev is not None else instance.device)
             if new_dtype is not None:
                 kwargs = dict(kwargs, dtype=new_dtype)
+        if new_dtype is not None:
+            conversions.record(api, moved, (dtype, new_dtype))
+        elif moved is not None:
+            events.redirected(api, moved[0], moved[1], arg=moved[2])
         return wrapped(*args, **kwargs)
 
     return wrapper
@@ -163,6 +175,7 @@ def _dtype_method(api: str, dtype: torch.dtype, t_to: Any):
         if dtype in conversions.DTYPE_RULES:
             new = conversions.dtype_for(api, dtype, instance.device)
             if new is not None:
+                conversions.record(api, None, (dtype, new))
                 return t_to(instance, new, copy=True, **kwargs)
         return wrapped(*args, **kwargs)
 
@@ -190,13 +203,20 @@ class DevicesPatch(Patch):
                 if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
                     return wrapped(*args, **kwargs)
             memory_format = kwargs.get("memory_format", torch.preserve_format)
-            dtype = instance.dtype
+            dtype = new_dtype = instance.dtype
             if dtype in conversions.DTYPE_RULES:
-                dtype = conversions.dtype_for("Tensor.cuda", dtype, dev) or dtype
+                new_dtype = conversions.dtype_for("Tensor.cuda", dtype, dev) or dtype
+            dropped = None
             if memory_format is not torch.preserve_format \
                     and conversions.memory_format_for("Tensor.cuda", memory_format, dev):
-                memory_format = torch.preserve_format
-            events.redirected("Tensor.cuda", arg if arg is not None else "", dev)
+                dropped, memory_format = memory_format, torch.preserve_format
+            moved = (arg if arg is not None else "", dev, "")
+            if new_dtype is not dtype or dropped is not None:
+                conversions.record("Tensor.cuda", moved,
+                                   (dtype, new_dtype) if new_dtype is not dtype else None, dropped)
+            else:
+                events.redirected("Tensor.cuda", moved[0], dev)
+            dtype = new_dtype
             return t_to(instance, dev, dtype, non_blocking=kwargs.get("non_blocking", False),
                         memory_format=memory_format)
 

@@ -57,7 +57,7 @@ class Float64Patch(Patch):
             return index in lacking
 
         def replace(api: str) -> torch.dtype:
-            events.redirected(api, "float64", "float32", tag="emulated")
+            # the entry point records the call's one event; the warning is once per call site
             events.warn_at_user_site(
                 f"dmlshim: {api}: float64 tensor made float32 on the DirectML device, which has "
                 f"no float64 (DMLSHIM_FLOAT64={policy.value})")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dmlshim import conversions, events
+from dmlshim import conversions
 from dmlshim.patching import Patch
 
 
@@ -29,10 +29,6 @@ class LayoutPatch(Patch):
         def lands_on(dev: torch.device) -> bool:
             return dev.type == device_type
 
-        def dropped(api: str, memory_format: Any) -> None:
-            # one info line per call site (events logs each site once)
-            events.redirected(api, f"memory_format={str(memory_format).replace('torch.', '')}",
-                              "contiguous", tag="dropped")
-
-        self.on_undo(conversions.set_memory_format_rule(
-            conversions.MemoryFormatRule(lands_on, dropped)))
+        # the entry point records the dropped format in the call's one event (DMLSHIM_LOG=info
+        # logs each call site once)
+        self.on_undo(conversions.set_memory_format_rule(conversions.MemoryFormatRule(lands_on)))
