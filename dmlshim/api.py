@@ -6,6 +6,7 @@ import importlib
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, List, Optional
 
 from dmlshim import config as _config
@@ -15,8 +16,9 @@ from dmlshim.target import Target, TargetError
 
 log = logging.getLogger("dmlshim")
 
-# One module per area, installed in this order, removed in reverse. Each module defines one
-# Patch subclass; a module that does not exist yet is skipped (areas land one by one).
+# One module per area, installed in this order, removed in reverse. Each module defines exactly
+# one Patch subclass; a module that cannot be imported is an error (a rename must not make an
+# area vanish silently).
 PATCH_MODULES = (
     "dmlshim.patches.devices",
     "dmlshim.patches.cuda_api",
@@ -29,6 +31,8 @@ PATCH_MODULES = (
     "dmlshim.patches.storage",
     "dmlshim.patches.compile",
     "dmlshim.patches.float64",
+    "dmlshim.patches.bf16",
+    "dmlshim.patches.layout",
     "dmlshim.patches.decompose",
     "dmlshim.patches.guards",
     "dmlshim.patches.inference",
@@ -38,28 +42,67 @@ PATCH_MODULES = (
     "dmlshim.patches.diagnostics",
 )
 
+#: What uninstall() cannot undo: (owner, attribute, why). Everything else install() changes on
+#: torch comes back as the very same object (tests/test_uninstall.py compares every attribute).
+#: Submodules that install() imports stay imported (a new module attribute of their parent).
+PERMANENT = (
+    ("torch", "privateuseone", "emulated-dml: the PrivateUse1 backend's device module; torch "
+     "cannot unregister a backend once registered"),
+)
+
+@dataclass
+class Shim:
+    """One installation: built by install(), dropped by uninstall().
+
+    ``patches`` is None for an inert target (real CUDA found by ``auto``: nothing installed).
+    """
+
+    target: Target
+    config: _config.Config
+    patches: Optional[PatchSet] = None
+    # torch.Generator as it was before install() routed it for the emulator (None: not routed)
+    generator_before: Optional[type] = None
+
+    @property
+    def capabilities(self) -> Any:
+        from dmlshim import capabilities
+
+        return capabilities.of(self.target, self.config)
+
+
 _lock = threading.RLock()
-_patches: Optional[PatchSet] = None
-_target: Optional[Target] = None
-_config_in_force: Optional[_config.Config] = None
-# torch.Generator as it was before install() routed it for the emulator (None: not routed by us)
-_generator_before: Optional[type] = None
+_shim: Optional[Shim] = None
+
+
+def __getattr__(name: str) -> Any:
+    # `api._patches` (read by tests and tools): the installed PatchSet, or None
+    if name == "_patches":
+        return _shim.patches if _shim is not None else None
+    raise AttributeError(name)
+
+
+def session() -> Optional[Shim]:
+    """The installation in force (None when not installed)."""
+    return _shim
+
+
+def patch_classes() -> List[type]:
+    """The Patch subclass of each module of :data:`PATCH_MODULES`, in order."""
+    classes: List[type] = []
+    for modname in PATCH_MODULES:
+        mod = importlib.import_module(modname)
+        found = [value for value in vars(mod).values()
+                 if isinstance(value, type) and issubclass(value, Patch) and value is not Patch
+                 and value.__module__ == modname]
+        if len(found) != 1:
+            raise ImportError(f"dmlshim: {modname} must define exactly one Patch subclass, "
+                              f"found {[c.__name__ for c in found]}")
+        classes.append(found[0])
+    return classes
 
 
 def _load_patches() -> PatchSet:
-    found: List[Patch] = []
-    for modname in PATCH_MODULES:
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as err:
-            if err.name == modname:
-                continue
-            raise
-        for value in vars(mod).values():
-            if isinstance(value, type) and issubclass(value, Patch) and value is not Patch \
-                    and value.__module__ == modname:
-                found.append(value())
-    return PatchSet(found)
+    return PatchSet([cls() for cls in patch_classes()])
 
 
 def _setup_logging(level: str) -> None:
@@ -86,15 +129,14 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
     ``optimizer="rebind"``, ...); they override the environment. Calling install again with
     the same options does nothing; with other options it reinstalls.
     """
-    global _patches, _target, _config_in_force, _generator_before
+    global _shim
     from dmlshim import config as cfgmod
 
     with _lock:
         cfg = _config if _config is not None else cfgmod.load(options, source="install()")
-        if _patches is not None and _config_in_force is not None \
-                and _same_options(_config_in_force, cfg):
-            return _target  # type: ignore[return-value]
-        if _patches is not None:
+        if _shim is not None and _shim.patches is not None and _same_options(_shim.config, cfg):
+            return _shim.target
+        if _shim is not None and _shim.patches is not None:
             uninstall()
         _setup_logging(cfg.log)
         from dmlshim import devicemap, events, target
@@ -103,22 +145,21 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
         cfgmod.set_current(cfg)
         events.configure(trace=cfg.log in ("info", "debug") or bool(cfg.report))
         if tgt.inert:
-            _target, _config_in_force = tgt, cfg
+            _shim = Shim(tgt, cfg)
             log.info("%s", tgt.reason)
             return tgt
+        generator_before = None
         if tgt.kind == "emulated-dml":
             import torch
 
-            from dmlshim import emulator
+            from dmlshim import dtensor_import, emulator
             from dmlshim.emulator import _compat
 
             before = torch.Generator
             emulator.register(tgt.count, cfg.emulator_switches())  # routes torch.Generator
             if torch.Generator is not before:
-                _generator_before = before
+                generator_before = before
             _compat.fix_parameter_instancecheck()
-            from dmlshim import dtensor_import
-
             dtensor_import.install()  # the weights_only allow-list stays torch's
         elif tgt.kind == "dml":
             target.import_torch_directml()
@@ -130,23 +171,25 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
             devicemap.deactivate()
             cfgmod.set_current(None)
             raise
-        _patches, _target, _config_in_force = patches, tgt, cfg
+        _shim = Shim(tgt, cfg, patches, generator_before)
         log.info("target %s (%s); patches: %s", tgt.kind, tgt.reason, ", ".join(names))
         return tgt
 
 
 def uninstall() -> None:
     """Remove every patch; every patched attribute is the original object again."""
-    global _patches, _target, _config_in_force
+    global _shim
     from dmlshim import config as cfgmod
     from dmlshim import devicemap
 
     with _lock:
-        if _patches is not None:
-            _patches.uninstall()
-        _patches = None
-        _target = _config_in_force = None
-        _restore_generator()
+        if _shim is not None and _shim.patches is not None:
+            _shim.patches.uninstall()
+        if _shim is not None and _shim.generator_before is not None:
+            import torch
+
+            torch.Generator = _shim.generator_before  # type: ignore[misc]
+        _shim = None
         from dmlshim import dtensor_import
 
         dtensor_import.uninstall()
@@ -154,26 +197,19 @@ def uninstall() -> None:
         cfgmod.set_current(None)
 
 
-def _restore_generator() -> None:
-    global _generator_before
-    if _generator_before is not None:
-        import torch
-
-        torch.Generator = _generator_before  # type: ignore[misc]
-        _generator_before = None
-
-
 def is_installed() -> bool:
-    return _patches is not None
+    return _shim is not None and _shim.patches is not None
 
 
 def current_target() -> Optional[Target]:
-    return _target
+    return _shim.target if _shim is not None else None
 
 
 def installed_patches() -> List[str]:
-    return [p.name for p in _patches.patches if p.installed] if _patches else []
+    if _shim is None or _shim.patches is None:
+        return []
+    return [p.name for p in _shim.patches.patches if p.installed]
 
 
-__all__ = ["install", "uninstall", "is_installed", "current_target", "get_original",
+__all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed", "current_target", "get_original",
            "TargetError", "installed_patches"]

@@ -11,14 +11,9 @@ import os
 import sys
 from typing import Dict, Optional, Tuple
 
-from dmlshim import devicemap
+from dmlshim import capabilities, devicemap
 
 _peak: Dict[int, int] = {}
-
-
-def _kind() -> str:
-    t = devicemap.target()
-    return t.kind if t is not None else "cpu"
 
 
 def _index(device) -> int:
@@ -71,58 +66,39 @@ def _meminfo() -> Tuple[int, int]:
         return total, total
 
 
+def process_memory() -> int:
+    return _rss_bytes()
+
+
 def synchronize(index: int) -> None:
-    kind = _kind()
-    if kind == "dml":
-        import torch
-
-        # DirectML queues work; a read back to the host waits for everything before it.
-        torch.zeros(1, device=devicemap.device_for(index)).cpu()
-    elif kind == "emulated-dml":
-        from dmlshim import emulator
-
-        emulator.synchronize(index)
+    capabilities.current().synchronize(index)
 
 
 def memory_allocated(index: int) -> int:
-    kind = _kind()
-    if kind == "emulated-dml":
-        from dmlshim import emulator
-
-        value = emulator.memory_allocated(index)
-    elif kind == "dml":
-        value = _dml_used(index)
-    else:
-        value = _rss_bytes()
+    value = capabilities.current().memory_allocated(index)
     if value > _peak.get(index, 0):
         _peak[index] = value
     return value
 
 
 def max_memory_allocated(index: int) -> int:
-    kind = _kind()
-    if kind == "emulated-dml":
-        from dmlshim import emulator
-
-        return emulator.max_memory_allocated(index)
+    peak = capabilities.current().max_memory_allocated(index)
+    if peak is not None:
+        return peak
     current = memory_allocated(index)
     return max(current, _peak.get(index, 0))
 
 
 def reset_peak(index: int) -> None:
-    kind = _kind()
-    if kind == "emulated-dml":
-        from dmlshim import emulator
-
-        emulator.reset_peak_memory_stats(index)
+    capabilities.current().reset_peak(index)
     _peak[index] = 0
     memory_allocated(index)
 
 
 def mem_get_info(index: int) -> Tuple[int, int]:
     free, total = _meminfo()
-    if _kind() == "dml":
-        used = _dml_used(index)
+    used = capabilities.current().used_device_memory(index)
+    if used is not None:
         return max(total - used, 0), total
     return free, total
 
@@ -131,43 +107,23 @@ def total_memory(index: int) -> int:
     return _meminfo()[1]
 
 
-def _dml_used(index: int) -> int:
-    try:
-        import torch_directml
-
-        # gpu_memory(device, mb_per_tile) -> used memory per tile, in MB
-        return int(sum(torch_directml.gpu_memory(index, 1)) * 1024 * 1024)
-    except Exception:
-        return 0
-
-
 def device_name(index: int) -> str:
     t = devicemap.target()
     return t.device_name(index) if t is not None else "cpu"
 
 
 def processor_count(index: int) -> int:
-    return (os.cpu_count() or 1) if _kind() == "cpu" else 1
+    return capabilities.current().processor_count(index)
 
 
 def empty_cache() -> None:
-    if _kind() == "dml":
-        try:
-            import torch_directml
-
-            fn = getattr(torch_directml, "empty_cache", None)
-            if fn is not None:
-                fn()
-        except Exception:
-            pass
+    capabilities.current().empty_cache()
 
 
 def has_bf16() -> bool:
-    return _kind() == "cpu"  # DirectML has no bfloat16 (#688)
+    return capabilities.current().has_bf16()  # DirectML has no bfloat16 (#688)
 
 
 def float64_supported(index: Optional[int] = None) -> bool:
-    t = devicemap.target()
-    if t is None:
-        return True
-    return t.has_float64(devicemap.current_index() if index is None else index)
+    return capabilities.current().has_float64(devicemap.current_index() if index is None
+                                              else index)

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 ENV_PREFIX = "DMLSHIM_"
@@ -22,6 +23,30 @@ EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-
                  "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
                  "channels-last", "layer-norm-nobias", "storage", "inference-mode", "bfloat16")
 EMULATOR_BUGS = ("bug-ce-none", "bug-mul-bool", "bug-bn-stats")
+
+
+class OptimizerPolicy(str, Enum):
+    """``DMLSHIM_OPTIMIZER`` values (a str enum: equal to the option's text)."""
+
+    REBIND = "rebind"
+    RESET = "reset"
+    OFF = "off"
+
+
+class Float64Policy(str, Enum):
+    """``DMLSHIM_FLOAT64`` values."""
+
+    AUTO = "auto"
+    KEEP = "keep"
+    FLOAT32 = "float32"
+
+
+class Bf16Policy(str, Enum):
+    """``DMLSHIM_BF16`` values."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    ERROR = "error"
 
 
 class ConfigError(ValueError):
@@ -106,9 +131,14 @@ OPTIONS: Tuple[Option, ...] = (
     Option("amp", "off", "off, fp16",
            "autocast regions run in float32 (off) or float16 where the target supports it",
            _one_of("off", "fp16")),
-    Option("float64", "keep", "keep, float32",
-           "on adapters without float64, keep double tensors (and fail) or downcast them",
-           _one_of("keep", "float32")),
+    Option("float64", "auto", "auto, keep, float32",
+           "on adapters without float64, downcast double tensors to float32 as they enter the "
+           "device (auto, float32) or keep them (and fail)",
+           _one_of("auto", "keep", "float32")),
+    Option("bf16", "float32", "float32, float16, error",
+           "bfloat16 tensors bound for a DirectML device (which has none) become float32 or "
+           "float16, or raise an error naming the call site",
+           _one_of("float32", "float16", "error")),
     Option("decompose", "on", "on, off",
            "compute ops that torch-directml runs on the CPU from ops it supports",
            _one_of("on", "off")),

@@ -125,6 +125,13 @@ def cuda_index(arg: Any, int_is_cuda: bool = False) -> Optional[int] | bool:
     return False
 
 
+def maybe_cuda(arg: Any) -> bool:
+    """A cheap first test (inlined by hot wrappers): could ``arg`` denote a CUDA device?"""
+    cls = arg.__class__
+    return (cls is str and arg.startswith("cuda")) or (cls is _DEVICE_CLS and arg.type == "cuda") \
+        or cls is int
+
+
 def is_cuda_device(arg: Any, int_is_cuda: bool = False) -> bool:
     return cuda_index(arg, int_is_cuda) is not False
 
@@ -135,11 +142,15 @@ def map_device(arg: Any, int_is_cuda: bool = False) -> Any:
         return arg
     cls = arg.__class__
     if cls is str:
+        if arg == "cuda":  # the common case, answered without further calls
+            return _devices[_current]
         if not arg.startswith("cuda"):
             return arg
     elif cls is _DEVICE_CLS:
         if arg.type != "cuda":
             return arg
+        if arg.index is None:
+            return _devices[_current]
     elif not (int_is_cuda and cls is int):
         return arg
     index = cuda_index(arg, int_is_cuda)

@@ -89,7 +89,12 @@ def _float64_line(tgt: targetmod.Target, cfg: cfgmod.Config, out: _Out) -> str:
         missing = [i for i, ok in enumerate(tgt.float64) if not ok]
         if missing and cfg.float64 == "keep":
             out.notes.append(f"adapter(s) {missing} lack float64: scripts that use double "
-                             "tensors fail there; DMLSHIM_FLOAT64=float32 downcasts them")
+                             "tensors fail there (DMLSHIM_FLOAT64=keep); DMLSHIM_FLOAT64=auto "
+                             "or float32 downcasts them")
+        elif missing:
+            out.notes.append(f"adapter(s) {missing} lack float64: double tensors are made "
+                             f"float32 as they enter them (DMLSHIM_FLOAT64={cfg.float64}; "
+                             "DMLSHIM_FLOAT64=float32 does the same, keep lets them fail)")
         return ", ".join(parts) or "unknown"
     if tgt.kind == "emulated-dml":
         if "float64" in cfg.emulator_switches():

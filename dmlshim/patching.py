@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+from types import CodeType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import wrapt
@@ -33,6 +35,16 @@ def is_patched(owner: Any, name: str) -> bool:
     return (id(owner), name) in _originals
 
 
+def _is_shim(module_name: str) -> bool:
+    return module_name.startswith("dmlshim.") or module_name.startswith("wrapt")
+
+
+# code object of a caller -> whether it is torch's. A code object belongs to one module, so the
+# answer never changes: the frame walk happens once per calling function, not once per call
+# (torch's Optimizer.step and autograd call patched functions every step).
+TORCH_CALLERS: Dict[CodeType, bool] = {}
+
+
 def caller_module(depth: int = 1) -> str:
     """``__name__`` of the module that called the function calling this one.
 
@@ -42,22 +54,51 @@ def caller_module(depth: int = 1) -> str:
     frame = sys._getframe(depth + 1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if not (name.startswith("dmlshim.") or name.startswith("wrapt")):
+        if not _is_shim(name):
             return name
         frame = frame.f_back  # type: ignore[assignment]
     return ""
 
 
 def called_from_torch(depth: int = 1) -> bool:
-    """True when the caller is torch's own code, which must keep seeing the truth."""
+    """True when the caller is torch's own code, which must keep seeing the truth.
+
+    Hot wrappers inline the cache lookup: ``TORCH_CALLERS.get(sys._getframe(1).f_code)``, and
+    call this only on a miss.
+    """
     frame = sys._getframe(depth + 1)
+    hit = TORCH_CALLERS.get(frame.f_code)
+    if hit is not None:
+        return hit
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if name.startswith("dmlshim.") or name.startswith("wrapt"):
+        if _is_shim(name):
             frame = frame.f_back  # type: ignore[assignment]
             continue
-        return name == "torch" or name.startswith("torch.")
+        answer = name == "torch" or name.startswith("torch.")
+        TORCH_CALLERS[frame.f_code] = answer
+        return answer
     return False
+
+
+class Reentry(threading.local):
+    """A per-thread "already inside" marker, the one re-entry helper of the patches.
+
+    ``with guard:`` around the wrapped call; ``guard.active`` is true in calls it makes (torch
+    recursing into the same entry point, e.g. ``Module.train`` on each child)."""
+
+    depth = 0
+
+    @property
+    def active(self) -> bool:
+        return self.depth > 0
+
+    def __enter__(self) -> Reentry:
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.depth -= 1
 
 
 class Patch:
@@ -73,6 +114,7 @@ class Patch:
 
     @property
     def installed(self) -> bool:
+        """Whether this patch changed something (an empty plan is not installed)."""
         return self._installed
 
     def applies(self, target: Any) -> bool:  # noqa: ARG002 - overridden
@@ -88,6 +130,10 @@ class Patch:
         except BaseException:
             self.uninstall()
             raise
+        if not (self._keys or self._undo):
+            # applies() said yes but the plan came out empty (nothing to change for this
+            # target and these options): not installed, so reports list only what acts
+            self._installed = False
 
     def uninstall(self) -> None:
         if not self._installed:
@@ -130,12 +176,12 @@ class Patch:
     def wrap(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
         """Wrap ``owner.name`` with a wrapt ``FunctionWrapper``: ``wrapper(wrapped, instance, args, kwargs)``.
 
-        When another patch already wraps the attribute (a dtype check on top of the device
-        rewrite, say), the new wrapper goes around that one and this patch's uninstall puts
-        back exactly the object it found; the registry keeps the one true original.
+        An attribute is wrapped once, by the one area that owns it: wrapping it again is an
+        error (add a rewriter to :mod:`dmlshim.conversions` instead of a second layer).
         """
         if is_patched(owner, name):
-            return self._wrap_layer(owner, name, wrapper)
+            raise RuntimeError(f"dmlshim: {owner!r}.{name} is already wrapped; one owner per "
+                               "entry point (see dmlshim.conversions for adding a rule)")
         original = getattr(owner, name)
         if isinstance(owner, type):
             # Look the attribute up raw so staticmethod/classmethod/descriptors wrap correctly.
@@ -150,23 +196,6 @@ class Patch:
             wrapped = wrapt.FunctionWrapper(original, wrapper)
         self.replace(owner, name, wrapped)
         return original
-
-    def _wrap_layer(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> Any:
-        found = vars(owner).get(name, _MISSING)
-        current = found if found is not _MISSING else getattr(owner, name)
-        layered = wrapt.FunctionWrapper(current, wrapper)
-        setattr(owner, name, layered)
-
-        def restore() -> None:
-            if vars(owner).get(name, _MISSING) is not layered:
-                log.debug("dmlshim: %r.%s changed under %s; left as it is", owner, name, self.name)
-            elif found is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, found)
-
-        self.on_undo(restore)
-        return get_original(owner, name)
 
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` at uninstall (for state that is not an attribute, e.g. a registered hook)."""
@@ -196,7 +225,8 @@ class PatchSet:
                     continue
                 if patch.applies(target):
                     patch.install(target, config)
-                    done.append(patch.name)
+                    if patch.installed:
+                        done.append(patch.name)
         except BaseException:
             self.uninstall()
             raise

@@ -137,7 +137,7 @@ def test_optim_flags_wrap_only_the_optimizer_classes():
 
 @pytest.mark.emulator
 def test_float64_keep_fails_like_directml(shim):
-    shim(device="emulated-dml")
+    shim(device="emulated-dml", float64="keep")
     assert not patch_named("float64")._keys and not patch_named("float64")._undo
     with pytest.raises(RuntimeError, match="does not support Double"):
         torch.zeros(2, dtype=F64, device="cuda")

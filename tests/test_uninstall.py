@@ -100,3 +100,94 @@ def test_behaviour_is_back_to_native_after_uninstall():
     assert torch.cuda.is_available() is False
     with pytest.raises((RuntimeError, AssertionError)):
         torch.zeros(1, device="cuda")
+
+
+_COMPARE_EVERYTHING = r"""
+import json, os, sys, types
+import torch, torch.nn, torch.optim, torch.optim.lr_scheduler
+import dmlshim
+from dmlshim import api
+
+def owners():
+    out = {"torch": torch, "torch.cuda": torch.cuda, "torch.nn": torch.nn,
+           "torch.optim": torch.optim, "torch.Tensor": torch.Tensor,
+           "torch.Generator": torch.Generator}
+    if hasattr(torch, "accelerator"):
+        out["torch.accelerator"] = torch.accelerator
+    for mod in (torch.nn, torch.optim, torch.optim.lr_scheduler, torch.cuda):
+        for value in vars(mod).values():
+            if isinstance(value, type) and value.__module__.startswith("torch"):
+                out.setdefault(value.__module__ + "." + value.__qualname__, value)
+    return out
+
+before_owners = owners()
+before = {k: dict(vars(o)) for k, o in before_owners.items()}
+dmlshim.install(device=sys.argv[1])
+changed_while_installed = sum(
+    1 for k, o in before_owners.items() for n, v in vars(o).items() if before[k].get(n) is not v)
+dmlshim.uninstall()
+left = []
+for key, owner in before_owners.items():
+    now = vars(owner)
+    for name in set(before[key]) | set(now):
+        old, new = before[key].get(name, "<absent>"), now.get(name, "<absent>")
+        if old is new:
+            continue
+        if old == "<absent>" and isinstance(new, types.ModuleType):
+            continue  # a submodule imported by install(): not a patch
+        left.append([key, name])
+print("RESULT " + json.dumps({"left": left, "changed": changed_while_installed,
+                              "permanent": [[o, n] for o, n, _ in api.PERMANENT]}))
+"""
+
+
+@pytest.mark.parametrize("device", TARGETS)
+def test_uninstall_leaves_only_the_permanent_list(device):
+    """Every attribute of torch, torch.cuda, torch.nn, torch.optim (and their classes),
+    torch.Tensor, torch.Generator and torch.accelerator is the same object after uninstall as
+    before install, in a fresh process, except the documented api.PERMANENT entries."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import clean_env
+
+    proc = subprocess.run([sys.executable, "-c", _COMPARE_EVERYTHING, device],
+                          capture_output=True, text=True, env=clean_env(DMLSHIM_DISABLE="1"),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT "):])
+    assert result["changed"] > 100  # the comparison looked at what install() patches
+    permanent = {tuple(p) for p in result["permanent"]}
+    assert {tuple(x) for x in result["left"]} <= permanent, result["left"]
+
+
+def test_installed_patches_are_the_ones_that_changed_something(shim):
+    shim(device="cpu")
+    names = api.installed_patches()
+    assert "devices" in names and "cuda_api" in names
+    for patch in api._patches.patches:
+        assert (patch.name in names) == bool(patch._keys or patch._undo), patch.name
+    # float64 and guards act only on DirectML: on the CPU they change nothing
+    assert "float64" not in names and "guards" not in names
+
+
+def test_a_patch_module_that_cannot_be_imported_is_an_error(monkeypatch):
+    monkeypatch.setattr(api, "PATCH_MODULES", api.PATCH_MODULES + ("dmlshim.patches.renamed",))
+    with pytest.raises(ModuleNotFoundError):
+        api.patch_classes()
+
+
+def test_an_attribute_is_wrapped_once(shim):
+    shim(device="cpu")
+
+    class Second(patching.Patch):
+        name = "second"
+
+        def _install(self, target, config):
+            self.wrap(torch.Tensor, "to", lambda wrapped, instance, args, kwargs: None)
+
+    with pytest.raises(RuntimeError, match="already wrapped"):
+        Second().install(api.current_target(), None)
+    assert torch.ones(1).to("cuda").device.type == "cpu"  # the owner's wrapper is intact

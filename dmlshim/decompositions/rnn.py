@@ -18,23 +18,9 @@ from typing import Optional, Tuple
 import torch
 
 from dmlshim.decompositions import Decomposition
+from dmlshim.formulas import fused_lstm_cell  # noqa: F401 - one definition, shared with the emulator
 
 Tensor = torch.Tensor
-
-
-def fused_lstm_cell(input_gates: Tensor, hidden_gates: Tensor, cx: Tensor,
-                    input_bias: Optional[Tensor] = None,
-                    hidden_bias: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    gates = input_gates + hidden_gates
-    if input_bias is not None:
-        gates = gates + input_bias
-    if hidden_bias is not None:
-        gates = gates + hidden_bias
-    i, f, g, o = gates.chunk(4, 1)
-    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-    cy = f * cx + i * g
-    hy = o * cy.tanh()
-    return hy, cy, torch.cat([i, f, g, o], 1)
 
 
 def fused_lstm_cell_backward_impl(grad_hy: Optional[Tensor], grad_cy: Optional[Tensor],

@@ -32,7 +32,7 @@ import torch
 import torch.amp.autocast_mode as _autocast_mode
 import torch.amp.grad_scaler as _grad_scaler
 
-from dmlshim import events
+from dmlshim import capabilities, events
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
@@ -96,8 +96,8 @@ def make_plan(target: Any, mode: str) -> AmpPlan:
         return AmpPlan(mode, None, (), "DMLSHIM_AMP=off")
     device_type = target.device_type
     dtypes = _autocast_dtypes(device_type, target.index)
-    if device_type == "privateuseone" and target.kind == "dml":
-        dtypes = tuple(d for d in dtypes if d is not torch.bfloat16)  # no bfloat16 (#688)
+    allowed = capabilities.of(target).autocast_dtypes_allowed()  # DirectML: no bf16 (#688)
+    dtypes = tuple(d for d in dtypes if d in allowed)
     if torch.float16 not in dtypes:
         return AmpPlan(mode, None, (),
                        f"torch cannot autocast on {device_type} (torch-directml 0.2.5 refuses "
@@ -185,6 +185,16 @@ class AmpPatch(Patch):
         dtype = bound.get("dtype")
         if not enabled:
             return wrapped(*args, **kwargs)
+        if dtype is torch.bfloat16:  # DirectML has no bfloat16: DMLSHIM_BF16 decides
+            from dmlshim.patches import bf16
+
+            as_dtype = bf16.autocast_dtype()  # raises under DMLSHIM_BF16=error
+            if as_dtype is torch.float32:
+                bound["enabled"] = False
+                events.redirected("torch.autocast", "cuda", "float32", tag="dropped")
+                return wrapped(**bound)
+            if as_dtype is not None:
+                dtype = bound["dtype"] = as_dtype
         if plan.low_precision and (dtype is None or dtype in plan.dtypes):
             bound["device_type"] = plan.device_type
             bound["dtype"] = torch.float16 if dtype is None else dtype

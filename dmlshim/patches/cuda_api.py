@@ -27,7 +27,7 @@ import wrapt
 
 from dmlshim import backend, devicemap, events
 from dmlshim.backend import _index
-from dmlshim.patching import Patch, called_from_torch, get_original
+from dmlshim.patching import TORCH_CALLERS, Patch, called_from_torch, get_original
 
 
 class UnsupportedCudaAPI(RuntimeError):
@@ -369,7 +369,10 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    return backend.has_bf16()
+    from dmlshim.patches import bf16  # DirectML: DMLSHIM_BF16 converts bf16, unless "error"
+
+    answer = bf16.reports_supported()
+    return backend.has_bf16() if answer is None else answer
 
 
 def current_device() -> int:
@@ -753,14 +756,18 @@ class CudaAPIPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
+        if not target.redirects:
+            return  # real CUDA answers for itself: a pass-through wrapper would only cost time
         cuda = torch.cuda
-        passthrough = not target.redirects
 
         def route(name: str, emulation: Callable[..., Any], api: str = ""):
             api = api or "torch.cuda." + name
 
             def wrapper(wrapped, instance, args, kwargs):
-                if passthrough or called_from_torch():
+                torch_caller = TORCH_CALLERS.get(sys._getframe(1).f_code)
+                if torch_caller is None:
+                    torch_caller = called_from_torch()
+                if torch_caller:
                     return wrapped(*args, **kwargs)
                 result = emulation(*args, **kwargs)
                 events.redirected(api, args[0] if args else "", _shown(result), tag="emulated")
@@ -784,8 +791,6 @@ class CudaAPIPatch(Patch):
                 if memory is not None and hasattr(memory, name):
                     self.wrap(memory, name,
                               route(name, emulation, "torch.accelerator.memory." + name))
-        if passthrough:
-            return
         if accelerator is None:
             self._install_accelerator_stand_in(route)
         else:

@@ -1,18 +1,19 @@
-"""Device arguments at torch's entry points: conversions, factories, generators, default device.
+"""The one owner of torch's device-taking entry points: each is wrapped here, once.
 
-Only entry points are wrapped — never the ops inside a model's forward. Each wrapper looks at
-its device argument(s), asks :func:`dmlshim.devicemap.map_device`, and calls the original.
+A call runs the rewriters of :mod:`dmlshim.conversions` in their order (the device rule, then
+the dtype and memory-format rules other areas register) and records one event. Never the ops
+inside a model's forward.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.utils._device as _torch_device
 
-from dmlshim import devicemap, events
+from dmlshim import conversions, devicemap, events
 from dmlshim.devicemap import map_device
 from dmlshim.patching import Patch, called_from_torch, get_original
 
@@ -39,36 +40,153 @@ def factory_names() -> Tuple[str, ...]:
     return tuple(sorted(n for n in names if callable(getattr(torch, n, None))))
 
 
-def _device_kwarg(api: str, position: Optional[int] = None):
+_DEVICE = torch.device
+_DTYPE = torch.dtype
+# Factories whose result dtype comes from their data, not from dtype= or the default dtype.
+_INFERRING = ("tensor", "as_tensor", "asarray")
+
+
+def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
+    """The wrapper of a factory (``name``: its torch name) or of another device-taking call."""
+    infers = name in _INFERRING
+    likes = name.endswith("_like")
+    positional_dtype = name == "as_tensor"  # as_tensor(data, dtype=None, device=None)
+    factory = bool(name)
+
     def wrapper(wrapped, instance, args, kwargs):
+        # torch's own code calls these every step (autograd's ones_like, Adam's
+        # torch.tensor(..., device="cpu")): arguments that cannot be CUDA devices are let
+        # through here, without a call (devicemap.maybe_cuda, inlined).
+        moved = None  # (argument as passed, what it became, keyword): recorded once, below
         if position is not None and len(args) > position:
             first = args[position]
-            new = map_device(first, int_is_cuda=True)
-            if new is not first:
-                args = args[:position] + (new,) + args[position + 1:]
-                events.redirected(api, first, new)
+            cls = first.__class__
+            if (cls is str and first.startswith("cuda")) or cls is int \
+                    or (cls is _DEVICE and first.type == "cuda"):
+                new = map_device(first, int_is_cuda=True)
+                if new is not first:
+                    args = args[:position] + (new,) + args[position + 1:]
+                    moved = (first, new, "")
         dev = kwargs.get("device")
         if dev is not None:
-            new = map_device(dev, int_is_cuda=True)
-            if new is not dev:
-                kwargs["device"] = new
-                events.redirected(api, dev, new, arg="device")
+            cls = dev.__class__
+            if (cls is str and dev.startswith("cuda")) or cls is int \
+                    or (cls is _DEVICE and dev.type == "cuda"):
+                new = map_device(dev, int_is_cuda=True)
+                if new is not dev:
+                    kwargs["device"] = new
+                    moved = (dev, new, "device")
+                    dev = new
+        rules = conversions.DTYPE_RULES
+        if factory and rules:
+            # the dtype rules, only when the result could have one of their dtypes
+            dtype = kwargs.get("dtype")
+            if dtype is not None:
+                hit = dtype in rules
+            elif positional_dtype and len(args) > 1:
+                hit = True
+            elif likes:
+                hit = bool(args) and getattr(args[0], "dtype", None) in rules
+            elif infers:
+                hit = not (dev.__class__ is str and dev == "cpu"
+                           or dev.__class__ is _DEVICE and dev.type == "cpu")
+            else:
+                hit = torch.get_default_dtype() in rules
+            if hit:
+                return conversions.call_factory(name, wrapped, args, kwargs, moved)
+        if moved is not None:
+            events.redirected(api, moved[0], moved[1], arg=moved[2])
         return wrapped(*args, **kwargs)
 
     return wrapper
 
 
-def _cuda_arg(args: tuple, kwargs: Dict[str, Any]) -> Any:
+def _tensor_to(wrapped, instance, args, kwargs):
+    """``Tensor.to``: the device rule; the dtype and memory-format rules when registered."""
+    api = "Tensor.to"
+    moved = None
     if args:
-        return args[0]
-    return kwargs.get("device")
+        first = args[0]
+        cls = first.__class__
+        if (cls is str and first.startswith("cuda")) or cls is int \
+                or (cls is _DEVICE and first.type == "cuda"):
+            new = map_device(first, int_is_cuda=True)
+            if new is not first:
+                args = (new,) + args[1:]
+                moved = (first, new, "")
+    dev = kwargs.get("device")
+    if dev is not None:
+        cls = dev.__class__
+        if (cls is str and dev.startswith("cuda")) or cls is int \
+                or (cls is _DEVICE and dev.type == "cuda"):
+            new = map_device(dev, int_is_cuda=True)
+            if new is not dev:
+                kwargs["device"] = new
+                moved = (dev, new, "device")
+    rules = conversions.DTYPE_RULES
+    if rules or conversions.MEMORY_FORMAT_RULE is not None:
+        hit = instance.dtype in rules or kwargs.get("dtype") in rules \
+            or kwargs.get("memory_format") is not None
+        if not hit:
+            for a in args:
+                if (a.__class__ is _DTYPE and a in rules) \
+                        or (isinstance(a, torch.Tensor) and a.dtype in rules):
+                    hit = True
+                    break
+        if hit:
+            rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
+            if rewritten is not None:
+                return wrapped(*rewritten[0], **rewritten[1])
+    if moved is not None:
+        events.redirected(api, moved[0], moved[1], arg=moved[2])
+    return wrapped(*args, **kwargs)
+
+
+def _new_method(api: str):
+    def wrapper(wrapped, instance, args, kwargs):
+        moved = None
+        dev = kwargs.get("device")
+        if dev is not None:
+            cls = dev.__class__
+            if (cls is str and dev.startswith("cuda")) or cls is int \
+                    or (cls is _DEVICE and dev.type == "cuda"):
+                new = map_device(dev, int_is_cuda=True)
+                if new is not dev:
+                    kwargs["device"] = new
+                    moved = (dev, new, "device")
+                    dev = new
+        dtype = kwargs.get("dtype")
+        new_dtype = None
+        if dtype is not None and dtype in conversions.DTYPE_RULES:
+            new_dtype = conversions.dtype_for(api, dtype, dev if dev is not None else instance.device)
+            if new_dtype is not None:
+                kwargs = dict(kwargs, dtype=new_dtype)
+        if new_dtype is not None:
+            conversions.record(api, moved, (dtype, new_dtype))
+        elif moved is not None:
+            events.redirected(api, moved[0], moved[1], arg=moved[2])
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _dtype_method(api: str, dtype: torch.dtype, t_to: Any):
+    def wrapper(wrapped, instance, args, kwargs):
+        if dtype in conversions.DTYPE_RULES:
+            new = conversions.dtype_for(api, dtype, instance.device)
+            if new is not None:
+                conversions.record(api, None, (dtype, new))
+                return t_to(instance, new, copy=True, **kwargs)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 class DevicesPatch(Patch):
     name = "devices"
 
     def applies(self, target) -> bool:
-        return True  # on a real-CUDA target every wrapper is a pass-through (overhead runs)
+        return target.redirects  # on real CUDA every wrapper would be a pass-through
 
     def _install(self, target, config) -> None:
         redirect = target.redirects
@@ -77,38 +195,63 @@ class DevicesPatch(Patch):
         def tensor_cuda(wrapped, instance, args, kwargs):
             if not redirect:
                 return wrapped(*args, **kwargs)
-            arg = _cuda_arg(args, kwargs)
-            index = None if arg is None else devicemap.cuda_index(arg, int_is_cuda=True)
-            if index is False:  # e.g. x.cuda("cpu"): let torch raise its own error
-                return wrapped(*args, **kwargs)
-            dev = devicemap.device_for(index)  # type: ignore[arg-type]
-            events.redirected("Tensor.cuda", arg if arg is not None else "", dev)
-            return t_to(instance, dev, non_blocking=kwargs.get("non_blocking", False),
-                        memory_format=kwargs.get("memory_format", torch.preserve_format))
+            arg = args[0] if args else kwargs.get("device")
+            if arg is None:
+                dev = devicemap.map_device("cuda")
+            else:
+                dev = devicemap.map_device(arg, int_is_cuda=True)
+                if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
+                    return wrapped(*args, **kwargs)
+            memory_format = kwargs.get("memory_format", torch.preserve_format)
+            dtype = new_dtype = instance.dtype
+            if dtype in conversions.DTYPE_RULES:
+                new_dtype = conversions.dtype_for("Tensor.cuda", dtype, dev) or dtype
+            dropped = None
+            if memory_format is not torch.preserve_format \
+                    and conversions.memory_format_for("Tensor.cuda", memory_format, dev):
+                dropped, memory_format = memory_format, torch.preserve_format
+            moved = (arg if arg is not None else "", dev, "")
+            if new_dtype is not dtype or dropped is not None:
+                conversions.record("Tensor.cuda", moved,
+                                   (dtype, new_dtype) if new_dtype is not dtype else None, dropped)
+            else:
+                events.redirected("Tensor.cuda", moved[0], dev)
+            dtype = new_dtype
+            return t_to(instance, dev, dtype, non_blocking=kwargs.get("non_blocking", False),
+                        memory_format=memory_format)
 
         m_to = get_original(torch.nn.Module, "to")
 
         def module_cuda(wrapped, instance, args, kwargs):
             if not redirect:
                 return wrapped(*args, **kwargs)
-            arg = _cuda_arg(args, kwargs)
-            index = None if arg is None else devicemap.cuda_index(arg, int_is_cuda=True)
-            if index is False:
-                return wrapped(*args, **kwargs)
-            dev = devicemap.device_for(index)  # type: ignore[arg-type]
+            arg = args[0] if args else kwargs.get("device")
+            if arg is None:
+                dev = devicemap.map_device("cuda")
+            else:
+                dev = devicemap.map_device(arg, int_is_cuda=True)
+                if dev is arg:
+                    return wrapped(*args, **kwargs)
             events.redirected("Module.cuda", arg if arg is not None else "", dev)
             return m_to(instance, dev)
 
         self.wrap(torch.Tensor, "cuda", tensor_cuda)
-        self.wrap(torch.Tensor, "to", _device_kwarg("Tensor.to", position=0))
+        self.wrap(torch.Tensor, "to", _tensor_to)
+        # Module.to/.cuda convert each tensor with Tensor.to: the dtype and memory-format rules
+        # run there, once per tensor, attributed to the script's model.to() line.
         self.wrap(torch.nn.Module, "cuda", module_cuda)
         self.wrap(torch.nn.Module, "to", _device_kwarg("Module.to", position=0))
         self.wrap(torch.nn.Module, "to_empty", _device_kwarg("Module.to_empty"))
 
         for name in factory_names():
-            self.wrap(torch, name, _device_kwarg("torch." + name))
+            self.wrap(torch, name, _device_kwarg("torch." + name, name=name))
         for name in TENSOR_NEW_METHODS:
-            self.wrap(torch.Tensor, name, _device_kwarg("Tensor." + name))
+            if hasattr(torch.Tensor, name):
+                self.wrap(torch.Tensor, name, _new_method("Tensor." + name))
+        if target.is_directml:
+            # x.double() / x.bfloat16() of a device tensor (Module.double() calls them)
+            for name, dtype in (("double", torch.float64), ("bfloat16", torch.bfloat16)):
+                self.wrap(torch.Tensor, name, _dtype_method("Tensor." + name, dtype, t_to))
         for modname, name, position in _SUBMODULE_FACTORIES:
             module = importlib.import_module(modname)
             if hasattr(module, name):

@@ -26,7 +26,7 @@ from typing import Any, Dict, Tuple
 import torch
 import torch.nn.functional as F
 
-from dmlshim import events
+from dmlshim import capabilities, events
 from dmlshim.patches.guard_kernels import KERNEL_GUARDS
 from dmlshim.patching import Patch
 
@@ -35,19 +35,16 @@ log = logging.getLogger("dmlshim")
 # guard name -> issues; every kernel guard applies wherever the target is DirectML.
 GUARDS: Dict[str, str] = {name: issues for name, (issues, _, _) in KERNEL_GUARDS.items()}
 GUARDS["bn_stats"] = "microsoft/DirectML#362"
-BN_STATS_SWITCH = "bug-bn-stats"  # the emulator's opt-in switch the BatchNorm guard follows
 
 _BN_PARAMS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
               "eps")
 
 
 def active_guards(target: Any, config: Any) -> Tuple[str, ...]:
-    if config.guards != "on" or not target.is_directml:
+    if config.guards != "on":
         return ()
-    active = tuple(KERNEL_GUARDS)
-    if target.kind == "emulated-dml" and BN_STATS_SWITCH in config.emulator_switches():
-        active += ("bn_stats",)
-    return active
+    bugs = capabilities.of(target, config).known_bugs()
+    return tuple(name for name in GUARDS if name in bugs)
 
 
 def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,29 +1,5 @@
-"""Optimizers and LR schedulers stay bound to the live Parameters (``DMLSHIM_OPTIMIZER``).
-
-The stall
----------
-``torch.nn.Module._apply`` (behind ``.to()``, ``.cuda()``, ``.cpu()``, ``.half()``, ...) keeps a
-Parameter object only when ``torch._has_compatible_shallow_copy_type(old, new)`` holds, and
-PrivateUse1 -- DirectML's backend -- is not on c10's list of compatible dense backends. So on
-DirectML every move between the CPU and the adapter builds *new* Parameter objects. An optimizer
-built before ``model.to(dml)``, or kept across a ``model.cpu()`` / save / ``model.to(dml)``
-bounce, or across ``model.load_state_dict(sd, assign=True)``, goes on stepping the old tensors:
-no error, the loss just stays flat. Tied weights come out as two copies. It is not DirectML's
-"graph handling"; it is object identity. ``torch.__future__.set_overwrite_module_params_on_
-conversion(True)`` reproduces it on any machine.
-
-Policies
---------
-``rebind`` (default): after every conversion, each optimizer holds the new Parameters; its state
-(momentum buffers, Adam moments, step counts) is re-keyed and moved to the parameter's device,
-once, the old copies dropped; tied Parameters come out as one Parameter again. LR schedulers,
-GradScaler and ``swa_utils.AveragedModel`` hold the optimizer object or iterate
-``model.parameters()`` afresh, so they need nothing else. A script that already re-creates its
-optimizer every epoch (the published workaround) keeps its state and LR schedule: see
-:mod:`dmlshim.rebind.workaround`.
-``reset``: as ``rebind``, and optimizer state is cleared at each epoch boundary -- what the
-workaround achieves, done for the user. ``off``: nothing changes (the stall stays); an optimizer
-found stepping replaced Parameters at an epoch boundary is reported once, with the fix.
+"""Optimizers and LR schedulers stay bound to the live Parameters (``DMLSHIM_OPTIMIZER``;
+the stall and the policies are in the README's "The training stall").
 
 Mechanism: a remap, not ``torch.utils.swap_tensors``
 ----------------------------------------------------
@@ -42,7 +18,9 @@ gives the old->new map, applied to every tracked optimizer. Optimizers are track
 
 Nothing runs per step or per op: the hooks are conversions, ``load_state_dict``, optimizer and
 scheduler construction, and the epoch-boundary events (DataLoader pass start, scheduler step,
-``train()`` after ``eval()``).
+``train()`` after ``eval()``). The scheduler-step hook, which a per-batch scheduler would run
+every step, is armed only while it has something to do (a conversion replaced Parameters since
+the last audit, or ``reset``).
 """
 
 from __future__ import annotations
@@ -53,7 +31,8 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 import torch.utils.data
 
-from dmlshim.patching import Patch
+from dmlshim.config import OptimizerPolicy
+from dmlshim.patching import Patch, Reentry, get_original
 from dmlshim.rebind import boundaries, remap, workaround
 from dmlshim.rebind.registry import REGISTRY, SCHEDULER_TYPES
 
@@ -114,16 +93,17 @@ class OptimizerRebindPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
-        policy = config.optimizer
-        local = threading.local()
+        policy = OptimizerPolicy(config.optimizer)
+        local = threading.local()  # .converting: ids of the modules being converted
+        loading, training, scheduler_init_running = Reentry(), Reentry(), Reentry()
         REGISTRY.clear()
         self.on_undo(REGISTRY.clear)
         self.on_undo(boundaries.clear_sites)
 
         def after(slots, retie: str, api: str) -> None:
-            mapping = remap.collect_replacements(slots, retie if policy != "off" else "never",
+            mapping = remap.collect_replacements(slots, retie if policy is not OptimizerPolicy.OFF else "never",
                                                  api)
-            if mapping and policy != "off":
+            if mapping and policy is not OptimizerPolicy.OFF:
                 remap.rebind_all(mapping, REGISTRY.live_optimizers(), api)
 
         # -- conversions ----------------------------------------------------------------------
@@ -136,7 +116,7 @@ class OptimizerRebindPatch(Patch):
                     (covered is not None and id(instance) in covered):
                 return wrapped(*args, **kwargs)
             slots = remap.parameter_slots(instance)
-            if policy != "off":
+            if policy is not OptimizerPolicy.OFF:
                 tied = remap.tied_tensors(slots)
                 if tied:
                     args, kwargs = _replace_fn(args, kwargs,
@@ -147,17 +127,18 @@ class OptimizerRebindPatch(Patch):
             finally:
                 local.converting = covered
                 after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
+                sync_scheduler_hooks()
 
         def module_load_state_dict(wrapped, instance, args, kwargs):
-            if getattr(local, "loading", False) or not isinstance(instance, torch.nn.Module):
+            if loading.active or not isinstance(instance, torch.nn.Module):
                 return wrapped(*args, **kwargs)
             slots = remap.parameter_slots(instance)
-            local.loading = True
             try:
-                return wrapped(*args, **kwargs)
+                with loading:
+                    return wrapped(*args, **kwargs)
             finally:
-                local.loading = False
                 after(slots, "if_aliased", "optimizer rebind after Module.load_state_dict")
+                sync_scheduler_hooks()
 
         self.wrap(torch.nn.Module, "_apply", module_apply)
         self.wrap(torch.nn.Module, "load_state_dict", module_load_state_dict)
@@ -166,13 +147,13 @@ class OptimizerRebindPatch(Patch):
         def optimizer_init(wrapped, instance, args, kwargs):
             result = wrapped(*args, **kwargs)
             info = REGISTRY.track_optimizer(instance, boundaries.user_site())
-            if policy != "off":
+            if policy is not OptimizerPolicy.OFF:
                 # built over a list of parameters taken before a conversion replaced them
                 mapping = remap.mapping_from_registry(instance)
                 if mapping:
                     remap.rebind_all(mapping, [instance],
                                      "optimizer built over replaced parameters")
-            if policy == "rebind":
+            if policy is OptimizerPolicy.REBIND:
                 message = workaround.on_new_optimizer(instance, info)
                 if message:
                     boundaries.warn_at_user_site(message, workaround.RecreatedOptimizerWarning)
@@ -182,47 +163,85 @@ class OptimizerRebindPatch(Patch):
 
         # -- LR schedulers --------------------------------------------------------------------
         def scheduler_init(wrapped, instance, args, kwargs):
-            depth = getattr(local, "sched_init", 0)
-            local.sched_init = depth + 1
-            try:
+            with scheduler_init_running:
                 result = wrapped(*args, **kwargs)
-            finally:
-                local.sched_init = depth
             REGISTRY.track_scheduler(instance)
             return result
 
         def before_scheduler_step(instance) -> None:
             # the first step() that __init__ makes is not a boundary
-            if not getattr(local, "sched_init", 0):
+            if not scheduler_init_running.active:
                 boundaries.on_scheduler_step(instance, policy)
+                sync_scheduler_hooks()
 
         for cls in dict.fromkeys(SCHEDULER_TYPES):
             self.wrap(cls, "__init__", scheduler_init)
-        for cls in scheduler_classes_with_step():
-            self.replace(cls, "step", HookedLookup(vars(cls)["step"], before_scheduler_step))
+        hooks = {cls: HookedLookup(vars(cls)["step"], before_scheduler_step)
+                 for cls in scheduler_classes_with_step()}
+        for cls, hook in hooks.items():
+            self.replace(cls, "step", hook)
+        armed = [True]
+
+        def sync_scheduler_hooks() -> None:
+            # Schedulers are often stepped every batch. Under rebind/off a scheduler step only
+            # runs the audit, which has nothing to do until a conversion replaced Parameters:
+            # until then the classes hold torch's own `step` (no shim frame per step).
+            want = policy is OptimizerPolicy.RESET or REGISTRY.replaced_since_audit > 0
+            if want is armed[0]:
+                return
+            armed[0] = want
+            for cls, hook in hooks.items():
+                cls.step = hook if want else hook.__wrapped__
 
         # -- epoch boundaries -----------------------------------------------------------------
         def loader_iter(wrapped, instance, args, kwargs):
             boundaries.on_loader_iter(instance, policy)
+            sync_scheduler_hooks()
             iterator = wrapped(*args, **kwargs)
             boundaries.remember_iterator(instance, iterator)
             return iterator
 
         def module_train(wrapped, instance, args, kwargs):
-            if getattr(local, "training", False) or not isinstance(instance, torch.nn.Module):
+            if training.active or not isinstance(instance, torch.nn.Module):
                 return wrapped(*args, **kwargs)
             mode = args[0] if args else kwargs.get("mode", True)
             was_eval = not instance.training
-            local.training = True
-            try:
+            with training:
                 result = wrapped(*args, **kwargs)
-            finally:
-                local.training = False
             if mode and was_eval:
                 boundaries.on_train_after_eval(policy)
+                sync_scheduler_hooks()
             return result
 
         self.wrap(torch.utils.data.DataLoader, "__iter__", loader_iter)
         self.wrap(torch.nn.Module, "train", module_train)
 
         REGISTRY.discover_existing()
+        sync_scheduler_hooks()
+        self._install_capture_check(target)
+
+    def _install_capture_check(self, target) -> None:
+        """torch asks ``torch.accelerator`` (>= 2.6) or ``torch.cuda`` (2.4) in every
+        ``Optimizer.step`` whether a CUDA/XPU graph is being captured. On a target that
+        redirects CUDA, torch's own answer is known at install: the accelerator torch sees is
+        not CUDA/XPU (or there is none), and the check returns. So the check becomes a C-level
+        no-op (``NoneType()``) instead of wrapper frames per step deciding the caller is torch."""
+        cls = torch.optim.Optimizer
+        if not target.redirects:
+            return
+        if "_accelerator_graph_capture_health_check" in vars(cls):
+            name = "_accelerator_graph_capture_health_check"
+            current = get_original(torch.accelerator, "current_accelerator")
+            try:
+                accelerator = current(check_available=True)
+            except TypeError:  # pragma: no cover - torch without the keyword
+                accelerator = current()
+            if accelerator is not None and accelerator.type in ("cuda", "xpu"):
+                return  # e.g. DMLSHIM_DEVICE=cpu on a CUDA machine: torch's check stays
+        elif "_cuda_graph_capture_health_check" in vars(cls):  # torch 2.4
+            name = "_cuda_graph_capture_health_check"
+            if get_original(torch.cuda, "is_available")():
+                return
+        else:  # pragma: no cover - a torch without the check
+            return
+        self.replace(cls, name, staticmethod(type(None)))

@@ -22,6 +22,7 @@ from typing import Any, Set, Tuple
 import torch
 
 from dmlshim import events
+from dmlshim.config import OptimizerPolicy
 from dmlshim.rebind import remap
 from dmlshim.rebind.registry import REGISTRY
 
@@ -105,20 +106,20 @@ def remember_iterator(loader: Any, iterator: Any) -> None:
 def on_loader_iter(loader: Any, policy: str) -> None:
     audit(policy)
     # A new pass over `loader` ends its previous one, whatever state that was left in.
-    if policy == "reset" and not pass_in_progress(exclude=loader):
+    if policy is OptimizerPolicy.RESET and not pass_in_progress(exclude=loader):
         reset_state()
 
 
 def on_scheduler_step(scheduler: Any, policy: str) -> None:
     audit(policy)
-    if policy == "reset" and not isinstance(scheduler, PER_BATCH_SCHEDULERS) \
+    if policy is OptimizerPolicy.RESET and not isinstance(scheduler, PER_BATCH_SCHEDULERS) \
             and not pass_in_progress():
         reset_state()
 
 
 def on_train_after_eval(policy: str) -> None:
     audit(policy)
-    if policy == "reset" and not pass_in_progress():
+    if policy is OptimizerPolicy.RESET and not pass_in_progress():
         reset_state()
 
 
@@ -135,7 +136,7 @@ def audit(policy: str) -> int:
         if not mapping:
             continue
         found += len(mapping)
-        if policy == "off":
+        if policy is OptimizerPolicy.OFF:
             report_stale(opt, len(mapping))
         else:
             remap.rebind_all(mapping, [opt], "optimizer audit")

@@ -1,0 +1,183 @@
+"""What each kind of target can do: one object per kind, asked instead of comparing kind strings.
+
+Only :class:`EmulatedDirectML` reads the emulator's switches (the options' ``emulator_gaps``)
+and imports the emulator; the product's other modules ask :func:`of`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+
+# known wrong-result bugs of torch-directml 0.2.5 (the guard names of dmlshim.patches.guards)
+# -> the emulator switch that reproduces each
+# torch-directml 0.2.5's wrong results and failures, by guard name (dmlshim/patches/guard_kernels.py):
+# present on every DirectML adapter (all observed on the real wheel, decided on its host side).
+WHEEL_BUGS = ("eye", "mul_bool", "nll_none", "masked_fill_uint8", "reflect_pad",
+              "layer_norm_nobias")
+# Reported for older releases, not reproduced by 0.2.5: only the emulator's opt-in switch has it.
+EMULATOR_ONLY_BUGS = {"bn_stats": "bug-bn-stats"}
+
+
+class Capabilities:
+    """The CPU target (also the base: answers for a target that does not redirect)."""
+
+    kind = "cpu"
+    directml = False
+
+    def __init__(self, target: Any, config: Any) -> None:
+        self.target = target
+        self.config = config
+
+    def has_float64(self, index: int = 0) -> bool:  # noqa: ARG002
+        return True
+
+    def has_bf16(self) -> bool:
+        return True
+
+    def autocast_dtypes_allowed(self) -> Tuple[torch.dtype, ...]:
+        """Low-precision dtypes autocast may use here (torch is asked which really work)."""
+        return (torch.float16, torch.bfloat16)
+
+    def known_bugs(self) -> Tuple[str, ...]:
+        """The torch-directml wrong-result bugs present on this target (guard names)."""
+        return ()
+
+    def synchronize(self, index: int) -> None:
+        pass
+
+    def memory_allocated(self, index: int) -> int:
+        from dmlshim import backend
+
+        return backend.process_memory()
+
+    def max_memory_allocated(self, index: int) -> Any:
+        return None  # None: the caller keeps its own peak of memory_allocated
+
+    def reset_peak(self, index: int) -> None:
+        pass
+
+    def used_device_memory(self, index: int) -> Any:
+        return None  # None: system memory figures stand in
+
+    def processor_count(self, index: int) -> int:
+        import os
+
+        return os.cpu_count() or 1
+
+    def empty_cache(self) -> None:
+        pass
+
+
+class Cuda(Capabilities):
+    kind = "cuda"
+
+
+class DirectML(Capabilities):
+    kind = "dml"
+    directml = True
+
+    def has_float64(self, index: int = 0) -> bool:
+        f64 = self.target.float64
+        return f64[index] if index < len(f64) else False
+
+    def has_bf16(self) -> bool:
+        return False  # microsoft/DirectML#688
+
+    def autocast_dtypes_allowed(self) -> Tuple[torch.dtype, ...]:
+        return (torch.float16,)  # no bfloat16 (#688)
+
+    def known_bugs(self) -> Tuple[str, ...]:
+        return WHEEL_BUGS
+
+    def synchronize(self, index: int) -> None:
+        from dmlshim import devicemap
+
+        # DirectML queues work; a read back to the host waits for everything before it.
+        torch.zeros(1, device=devicemap.device_for(index)).cpu()
+
+    def memory_allocated(self, index: int) -> int:
+        return self.used_device_memory(index)
+
+    def used_device_memory(self, index: int) -> int:
+        try:
+            import torch_directml
+
+            # gpu_memory(device, mb_per_tile) -> used memory per tile, in MB
+            return int(sum(torch_directml.gpu_memory(index, 1)) * 1024 * 1024)
+        except Exception:  # noqa: BLE001 - an older wheel or no adapter: nothing to report
+            return 0
+
+    def processor_count(self, index: int) -> int:
+        return 1
+
+    def empty_cache(self) -> None:
+        try:
+            import torch_directml
+
+            fn = getattr(torch_directml, "empty_cache", None)
+            if fn is not None:
+                fn()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class EmulatedDirectML(Capabilities):
+    kind = "emulated-dml"
+    directml = True
+
+    def _switches(self) -> Tuple[str, ...]:
+        return self.config.emulator_switches() if self.config is not None else ()
+
+    def has_float64(self, index: int = 0) -> bool:
+        return "float64" not in self._switches()
+
+    def has_bf16(self) -> bool:
+        return False
+
+    def known_bugs(self) -> Tuple[str, ...]:
+        switches = self._switches()
+        return WHEEL_BUGS + tuple(name for name, switch in EMULATOR_ONLY_BUGS.items()
+                                  if switch in switches)
+
+    def synchronize(self, index: int) -> None:
+        from dmlshim import emulator
+
+        emulator.synchronize(index)
+
+    def memory_allocated(self, index: int) -> int:
+        from dmlshim import emulator
+
+        return emulator.memory_allocated(index)
+
+    def max_memory_allocated(self, index: int) -> int:
+        from dmlshim import emulator
+
+        return emulator.max_memory_allocated(index)
+
+    def reset_peak(self, index: int) -> None:
+        from dmlshim import emulator
+
+        emulator.reset_peak_memory_stats(index)
+
+    def processor_count(self, index: int) -> int:
+        return 1
+
+
+_BY_KIND = {c.kind: c for c in (Capabilities, Cuda, DirectML, EmulatedDirectML)}
+
+
+def of(target: Any, config: Any = None) -> Capabilities:
+    """The capabilities of ``target`` (None: the CPU's) under ``config``."""
+    if target is None:
+        return Capabilities(None, config)
+    return _BY_KIND[target.kind](target, config)
+
+
+def current() -> Capabilities:
+    """The capabilities of the installed target (the CPU's when nothing is installed)."""
+    from dmlshim import config as cfgmod
+    from dmlshim import devicemap
+
+    return of(devicemap.target(), cfgmod.current())

@@ -1,0 +1,34 @@
+"""Non-contiguous ``memory_format`` bound for a DirectML device is dropped.
+
+torch-directml 0.2.5 refuses ``memory_format=torch.channels_last`` in ``Module.to`` /
+``Tensor.to`` ("'memory_format' argument is must be Contiguous for DML tensors"), so a CUDA
+script's ``model.to("cuda", memory_format=torch.channels_last)`` (a speed hint on CUDA) gets a
+contiguous model instead: the same results. ``x.contiguous(memory_format=...)`` is accepted by
+the wheel and left alone. This area contributes the rule to :mod:`dmlshim.conversions`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dmlshim import conversions
+from dmlshim.patching import Patch
+
+
+class LayoutPatch(Patch):
+    name = "layout"
+
+    def applies(self, target) -> bool:
+        return target.is_directml
+
+    def _install(self, target, config: Any) -> None:
+        device_type = target.device_type
+
+        def lands_on(dev: torch.device) -> bool:
+            return dev.type == device_type
+
+        # the entry point records the dropped format in the call's one event (DMLSHIM_LOG=info
+        # logs each call site once)
+        self.on_undo(conversions.set_memory_format_rule(conversions.MemoryFormatRule(lands_on)))
