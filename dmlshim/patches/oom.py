@@ -16,11 +16,11 @@ Where it is translated:
   through a factory (``emulator/_memory.py``) and this patch sets the factory, so every
   operator -- an entry point, forward, backward, the optimizer step -- raises the translated
   error, and nothing is added to the normal path.
-* ``dml``: torch-directml raises from C++, below any Python frame of the shim's; the error is
-  translated in the except branch of the calls that can raise it and that the shim can see
-  without a wrapper on the per-step path: none today, so on real DirectML the frameworks'
-  finders recognise the raw text through :func:`is_directml_oom` (their predicates are
-  wrapped: they run only once an exception was raised).
+* ``dml``: torch-directml raises from C++, below every Python frame of the shim's, and
+  translating in backward or the optimizer step would need a wrapper frame on every step. So
+  there the frameworks' OOM predicates are wrapped instead (they run only once an exception
+  was raised) and also recognise the raw text (:func:`is_directml_oom`); a script's own
+  ``except torch.cuda.OutOfMemoryError`` does not see the untranslated error.
 """
 
 from __future__ import annotations
