@@ -235,3 +235,13 @@ def test_compare_tolerances_and_special_values():
     d = torch.tensor([1.0], dtype=torch.float64)
     assert compare.compare_values(d * (1 + 1e-7), d) is not None  # float32 precision in float64
     assert compare.compare_values(3.0, 3.0000001) is None and compare.compare_values(1, 2)
+
+
+def test_children_run_without_the_check(shim, monkeypatch):
+    monkeypatch.setenv("DMLSHIM_CHECK", "3")  # as the runner exports it
+    shim(device="cpu", check="3")
+    assert os.environ["DMLSHIM_CHECK"] == "off"  # spawned workers and subprocesses: no shadow
+    import dmlshim
+
+    dmlshim.uninstall()
+    assert os.environ["DMLSHIM_CHECK"] == "3"
