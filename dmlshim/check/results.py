@@ -38,7 +38,8 @@ class Divergence:
         m = self.mismatch
         ctx = f"backward of {self.node}, " if self.node else (
             "optimizer step, " if self.phase == "optimizer" else "")
-        return (f"{self.op} at {self.where()} ({ctx}step {self.step}): {self.result} "
+        label = "" if m.what in ("error", "outputs") else self.result + " "
+        return (f"{self.op} at {self.where()} ({ctx}step {self.step}): {label}"
                 f"{m.describe()}; inputs {', '.join(self.inputs) or 'none'}")
 
     def as_dict(self) -> Dict[str, Any]:
