@@ -27,7 +27,30 @@ from dmlshim.check import compare
 
 # (emulator switch, snippet, expected aten op: any of). Each snippet runs on "cuda" inside the
 # first optimizer step; the line ending in "# <- here" is the user's line the report must name.
-GAP_CASES: List[Tuple[str, str, Tuple[str, ...]]] = [
+# A case runs when its switch is one DMLSHIM_EMULATOR_GAPS knows, and only the first case per
+# expected op (the report keeps each op's first divergence): the default-gap names come first
+# and take over from the opt-in bug-* switches once the emulator has them.
+ALL_GAP_CASES: List[Tuple[str, str, Tuple[str, ...]]] = [
+    ("eye", """
+        ident = torch.eye(3, device="cuda")  # <- here
+        """, ("aten::eye", "aten::eye.m")),
+    ("mul-bool", """
+        x = torch.randn(6, device="cuda")
+        x *= x > 0  # <- here
+        """, ("aten::mul_.Tensor",)),
+    ("nll-none-backward", """
+        logits = torch.randn(8, 5, device="cuda", requires_grad=True)
+        target = torch.randint(0, 5, (8,), device="cuda")
+        weights = torch.linspace(0.5, 2.0, 8, device="cuda")  # a non-uniform upstream gradient
+        loss = (F.cross_entropy(logits, target, reduction="none") * weights).sum()  # <- here
+        loss.backward()
+        """, ("aten::nll_loss_backward",)),
+    ("masked-fill-uint8", """
+        filled = torch.randn(4, device="cuda").masked_fill(torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device="cuda"), 0.0)  # <- here
+        """, ("aten::masked_fill.Scalar",)),
+    ("reflect-pad", """
+        padded = F.pad(torch.randn(1, 1, 6, 6, device="cuda"), (1, 2, 3, 4), mode="reflect")  # <- here
+        """, ("aten::reflection_pad2d",)),
     ("bug-ce-none", """
         logits = torch.randn(8, 5, device="cuda", requires_grad=True)
         target = torch.randint(0, 5, (8,), device="cuda")
@@ -45,6 +68,20 @@ GAP_CASES: List[Tuple[str, str, Tuple[str, ...]]] = [
         """, ("aten::native_batch_norm", "aten::_native_batch_norm_legit",
               "aten::_batch_norm_with_update")),
 ]
+
+
+def _gap_cases() -> List[Tuple[str, str, Tuple[str, ...]]]:
+    known = set(config.EMULATOR_GAPS + config.EMULATOR_BUGS)
+    out, ops = [], set()
+    for case in ALL_GAP_CASES:
+        if case[0] in known and not ops & set(case[2]):
+            out.append(case)
+            ops.update(case[2])
+    return out
+
+
+GAP_CASES = _gap_cases()
+assert len(GAP_CASES) >= 3, GAP_CASES  # today: bug-ce-none, bug-mul-bool, bug-bn-stats
 
 HEADER = """\
 import torch
@@ -89,7 +126,7 @@ def check_run(script, tmp_path: Path, *args: str, device: str = "cpu", **options
 @pytest.mark.parametrize("guards", ["off", "on"])
 def test_emulator_gaps_are_named_with_op_and_line(tmp_path, guards):
     script, where = gap_script(tmp_path)
-    switches = ",".join(["all"] + [c[0] for c in GAP_CASES])
+    switches = ",".join(["all"] + [c[0] for c in GAP_CASES if c[0] not in config.EMULATOR_GAPS])
     proc, report = check_run(script, tmp_path, device="emulated-dml", check=2, guards=guards,
                              emulator_gaps=switches)
     check = report["check"]
@@ -120,20 +157,23 @@ def test_emulator_gaps_are_named_with_op_and_line(tmp_path, guards):
 # (script, args). lstm_lm has no optimizer (it steps by hand), so it is shadowed to its end.
 # amp_train without torch.compile: compiled kernels are not aten ops (nothing to shadow), and
 # compiling while a dispatch mode is on may round differently in the last bit.
+# The emulator (default gaps, no bugs) computes on the CPU too: nothing to report there either.
 CPU_CORPUS = [
-    ("mlp", ()),
-    ("cnn", ("--epochs", "1")),
-    ("transformer", ("--epochs", "1")),
-    ("lstm_lm", ("--epochs", "1", "--bptt", "200")),
-    ("amp_train", ("--epochs", "1", "--steps", "3", "--no-compile")),
+    ("mlp", (), "cpu"),
+    ("cnn", ("--epochs", "1"), "cpu"),
+    ("transformer", ("--epochs", "1"), "cpu"),
+    ("lstm_lm", ("--epochs", "1", "--bptt", "200"), "cpu"),
+    ("amp_train", ("--epochs", "1", "--steps", "3", "--no-compile"), "cpu"),
+    ("mlp", (), "emulated-dml"),
 ]
 
 
-@pytest.mark.parametrize("script, args", CPU_CORPUS, ids=[c[0] for c in CPU_CORPUS])
-def test_no_false_positives_on_the_cpu(tmp_path, script, args):
+@pytest.mark.parametrize("script, args, device", CPU_CORPUS,
+                         ids=[f"{c[0]}-{c[2]}" for c in CPU_CORPUS])
+def test_no_false_positives_on_the_cpu(tmp_path, script, args, device):
     native = run_native(script, *args)
     assert native.returncode == 0, describe(native)
-    proc, report = check_run(script, tmp_path, *args, check=1)
+    proc, report = check_run(script, tmp_path, *args, device=device, check=1)
     assert losses(proc.stdout) == losses(native.stdout)  # the check changes nothing it runs
     assert losses(proc.stdout)
     check = report["check"]
@@ -235,3 +275,13 @@ def test_compare_tolerances_and_special_values():
     d = torch.tensor([1.0], dtype=torch.float64)
     assert compare.compare_values(d * (1 + 1e-7), d) is not None  # float32 precision in float64
     assert compare.compare_values(3.0, 3.0000001) is None and compare.compare_values(1, 2)
+
+
+def test_children_run_without_the_check(shim, monkeypatch):
+    monkeypatch.setenv("DMLSHIM_CHECK", "3")  # as the runner exports it
+    shim(device="cpu", check="3")
+    assert os.environ["DMLSHIM_CHECK"] == "off"  # spawned workers and subprocesses: no shadow
+    import dmlshim
+
+    dmlshim.uninstall()
+    assert os.environ["DMLSHIM_CHECK"] == "3"

@@ -38,7 +38,8 @@ class Divergence:
         m = self.mismatch
         ctx = f"backward of {self.node}, " if self.node else (
             "optimizer step, " if self.phase == "optimizer" else "")
-        return (f"{self.op} at {self.where()} ({ctx}step {self.step}): {self.result} "
+        label = "" if m.what in ("error", "outputs") else self.result + " "
+        return (f"{self.op} at {self.where()} ({ctx}step {self.step}): {label}"
                 f"{m.describe()}; inputs {', '.join(self.inputs) or 'none'}")
 
     def as_dict(self) -> Dict[str, Any]:
@@ -101,7 +102,7 @@ class Results:
 
     def gradient_verdict(self, v: GradientVerdict) -> None:
         self.gradients.append(v)
-        for line in _gradient_lines(v):
+        for line in _gradient_lines(v, self.steps_requested > 0):
             log.warning("check: %s", line)
 
     # -- telling ------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ class Results:
             calls = f" (x{n}; the first shown)" if n > 1 else ""
             out.append(f"DMLSHIM_CHECK: device result differs from the CPU's{calls}: {d.text()}")
         for v in self.gradients:
-            out.extend(_gradient_lines(v))
+            out.extend(_gradient_lines(v, self.steps_requested > 0))
         return out
 
     def section(self) -> Dict[str, Any]:
@@ -133,9 +134,11 @@ class Results:
         }
 
 
-def _gradient_lines(v: GradientVerdict) -> List[str]:
-    hint = ("; look between the loss and them (a .detach(), torch.no_grad(), an unused "
-            "branch), or run with DMLSHIM_CHECK=1 to compare the first step with the CPU")
+def _gradient_lines(v: GradientVerdict, checking: bool = False) -> List[str]:
+    hint = "; look between the loss and them (a .detach(), torch.no_grad(), an unused branch)"
+    hint += ("; DMLSHIM_CHECK compared the first step(s) with the CPU (ops that differed are "
+             "listed)" if checking else
+             ", or run with DMLSHIM_CHECK=1 to compare the first step with the CPU")
     out = []
     if v.none:
         out.append(f"{_params(v.none_count)} of {_units(v.none)} received no gradient at the "

@@ -12,6 +12,9 @@ Installs, on every target that is not inert:
   ``optimizer.step()`` the mode is left and anomaly mode restored; once gradient sanity is done
   too, the hook is removed: later steps run exactly as without the option.
 
+The check is for the process that asked for it: children (spawned DataLoader workers,
+subprocesses) get ``DMLSHIM_CHECK=off``; forked ones stop shadowing.
+
 Findings go to the exit summary's "needs attention" block, the ``dmlshim`` logger (at once,
 when found) and the report's ``check`` section (registered with the diagnostics patch).
 """
@@ -73,6 +76,7 @@ class CheckPatch(Patch):
         if results.steps_requested:
             self._start(target.device_type)
             self.on_undo(self._stop)
+            self._children_off()
         _active = self
 
         def forget() -> None:
@@ -84,6 +88,23 @@ class CheckPatch(Patch):
         if not _fork_hook_registered and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)  # cannot be unregistered
             _fork_hook_registered = True
+
+    def _children_off(self) -> None:
+        """The check is for this process: child processes (spawned DataLoader workers, which
+        never step an optimizer and would shadow all their life; subprocesses) run without."""
+        env = "DMLSHIM_CHECK"
+        old = os.environ.get(env)
+        os.environ[env] = "off"
+
+        def restore() -> None:
+            if os.environ.get(env) != "off":
+                return  # changed by the script since; leave it
+            if old is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = old
+
+        self.on_undo(restore)
 
     def _section(self) -> Tuple[Any, List[str]]:
         return results.section(), results.attention_lines()
