@@ -16,6 +16,7 @@ The backend keeps the name ``privateuseone`` (torch-directml does not rename it)
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from typing import Any, Optional
@@ -182,7 +183,10 @@ def _build_cpp_guard() -> Any:
 
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.cpp")
     try:
-        return cpp_extension.load(name="dmlshim_emulator_guard", sources=[source],
+        # one build folder per torch version: both CI lanes share the extensions cache
+        # (py311_cpu), and a shared name would rebuild on every switch between them
+        version = re.sub(r"\W", "_", torch.__version__)
+        return cpp_extension.load(name=f"dmlshim_emulator_guard_{version}", sources=[source],
                                   extra_cflags=["-O1"], verbose=False)
     except Exception as err:  # compiler errors, missing ninja, ...
         raise EmulatorError(
