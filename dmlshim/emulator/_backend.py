@@ -184,19 +184,14 @@ def _build_cpp_guard() -> Any:
 
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.cpp")
     try:
-<<<<<<< HEAD
-        # The name carries the source's hash: checkouts with different versions of the guard
-        # share the torch extensions cache, and one name would make them rebuild and load
-        # each other's module.
+        # The name carries the torch version and the source's hash: both CI lanes and other
+        # checkouts share the torch extensions cache (py311_cpu), and one name would make them
+        # rebuild on every switch and load each other's module.
         with open(source, "rb") as f:
             digest = hashlib.sha1(f.read()).hexdigest()[:10]
-        return cpp_extension.load(name=f"dmlshim_emulator_guard_{digest}", sources=[source],
-=======
-        # one build folder per torch version: both CI lanes share the extensions cache
-        # (py311_cpu), and a shared name would rebuild on every switch between them
         version = re.sub(r"\W", "_", torch.__version__)
-        return cpp_extension.load(name=f"dmlshim_emulator_guard_{version}", sources=[source],
->>>>>>> dmlfacts
+        return cpp_extension.load(name=f"dmlshim_emulator_guard_{version}_{digest}",
+                                  sources=[source],
                                   extra_cflags=["-O1"], verbose=False)
     except Exception as err:  # compiler errors, missing ninja, ...
         raise EmulatorError(
