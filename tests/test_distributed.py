@@ -19,7 +19,7 @@ import torch
 from tests.helpers import CORPUS, clean_env, describe, losses, run_native, run_shim
 
 DIST = CORPUS / "dist"
-LAUNCH_TIMEOUT = 300  # two ranks importing torch on a loaded 2-core machine
+LAUNCH_TIMEOUT = 600  # two ranks importing torch on a loaded 2-core machine
 
 
 def _params(stdout: str) -> dict:

@@ -89,15 +89,16 @@ def main():
             xb = xb.cuda(local_rank, non_blocking=True) if use_cuda else xb
             yb = yb.to(device)
             optimizer.zero_grad()
-            logged = torch.zeros((), device=device)
+            parts = []
             for micro, (xm, ym) in enumerate(zip(xb.chunk(args.accum), yb.chunk(args.accum))):
                 # gradients of all but the last micro-batch stay local (accumulated)
                 last = micro == args.accum - 1
                 with contextlib.nullcontext() if last else ddp.no_sync():
                     loss = criterion(ddp(xm), ym) / args.accum
                     loss.backward()
-                logged += loss.detach()
+                parts.append(loss.detach())
             optimizer.step()
+            logged = torch.stack(parts).sum()
             dist.all_reduce(logged, op=dist.ReduceOp.SUM)
             if rank == 0:
                 say(f"loss {epoch} {step} {(logged / world).item().hex()}")
