@@ -276,7 +276,9 @@ def _per(value: float, steps: int) -> str:
 
 
 def _kib(nbytes: float) -> str:
-    return "0" if not nbytes else f"{nbytes / 1024:.1f} KiB"
+    if not nbytes:
+        return "0"
+    return f"{nbytes:.0f} B" if nbytes < 1024 else f"{nbytes / 1024:.1f} KiB"
 
 
 def zoo_record(model: str, amp: str, side: str, run: Run) -> Dict[str, object]:
