@@ -66,7 +66,8 @@ def main():
     loss_scaler = NativeScaler(device=device.type) if args.amp else None
 
     common = dict(input_size=(3, size, size), batch_size=batch, use_prefetcher=True,
-                  num_workers=0, device=device, interpolation="bilinear", crop_pct=1.0)
+                  num_workers=0, persistent_workers=False, device=device,
+                  interpolation="bilinear", crop_pct=1.0)
     train_loader = create_loader(SyntheticImages(args.steps * batch, size, n_classes, 1),
                                  is_training=True, no_aug=True, **common)
     val_loader = create_loader(SyntheticImages(16, size, n_classes, 2), is_training=False,
