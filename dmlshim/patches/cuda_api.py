@@ -585,6 +585,7 @@ _GRAPHS = "run the captured code eagerly (CUDA graphs only exist on NVIDIA GPUs)
 _ALLOC = "remove the allocator customisation; the target manages its own memory"
 UNSUPPORTED: Dict[str, str] = {
     "CUDAGraph": _GRAPHS, "graph": _GRAPHS, "graph_pool_handle": _GRAPHS,
+    "export_dot": _GRAPHS, "export_graph_data": _GRAPHS,  # torch >= 2.14
     "caching_allocator_alloc": _ALLOC, "caching_allocator_delete": _ALLOC,
     "caching_allocator_enable": _ALLOC, "caching_allocator_disabled": _ALLOC,
     "CUDAPluggableAllocator": _ALLOC, "change_current_allocator": _ALLOC,
@@ -615,6 +616,7 @@ ACCEPTED = {
     "nvtx",  # no-ops, patched below
     "default_generators", "has_half", "has_magma", "graphs", "memory", "profiler", "random",
     "sparse", "streams", "tunable",
+    "graph_annotations",  # torch >= 2.14: a submodule of CUDA-graph helpers
 }
 
 # torch.accelerator (torch >= 2.6) answered for the script as on a CUDA machine, with torch

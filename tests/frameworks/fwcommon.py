@@ -1,0 +1,163 @@
+"""What the framework tests share: the environment that keeps every framework offline, and
+runs of the scripts in tests/frameworks/scripts/ natively or through ``python -m dmlshim``.
+
+A native run is the script told to use the CPU (``--device cpu``, ``use_cpu=True``,
+``accelerator="cpu"``, ...) in a Python without dmlshim; a shimmed run is the same script with
+its CUDA settings. Scripts print ``loss <epoch> <step> <float.hex()>`` lines (tests/helpers.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
+
+import pytest
+from helpers import clean_env, describe, first_difference, losses, option_env, run_native, run_shim
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TIMEOUT = 420.0  # a framework import plus a few steps, on a loaded 2-core machine
+
+# On the emulator, losses match the CPU's to this relative tolerance, not bit for bit. The
+# emulator runs each op's CPU kernel, so most steps are bit-identical; where torch picks a kernel
+# by device type (scaled_dot_product_attention takes its math kernel off the CPU, the CPU takes
+# its flash kernel; a few reductions in attention blocks), the sums round differently: a few
+# float32 ulps (~1e-7 relative) per step. 1e-5 allows for that over the few steps each script
+# runs and is still far below what a real fault does (a step on stale parameters, a skipped
+# update, a wrong dtype change the loss at 1e-3 or more).
+EMULATOR_REL = 1e-5
+
+
+@functools.cache
+def _home() -> str:
+    """One scratch home per test process for the frameworks' caches and settings."""
+    home = Path(tempfile.mkdtemp(prefix="dmlshim-fw-"))
+    yolo = home / "ultralytics"
+    yolo.mkdir()
+    # ultralytics downloads Arial.ttf unless its config dir has one: any TrueType font will do
+    try:
+        import matplotlib  # ultralytics depends on it
+    except ImportError:
+        return str(home)
+    font = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf"
+    (yolo / "Arial.ttf").write_bytes(font.read_bytes())
+    return str(home)
+
+
+def fw_env(**extra: str) -> Dict[str, str]:
+    """Variables for every framework run: nothing is downloaded, nothing is drawn on screen, one
+    CPU thread (the same reduction order in every run, and no oversubscription when pytest-xdist
+    runs two tests at once)."""
+    home = _home()
+    env = {
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": os.path.join(home, "hf"), "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false", "YOLO_OFFLINE": "1",
+        "YOLO_CONFIG_DIR": os.path.join(home, "ultralytics"), "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_DISABLED": "true",
+        "DO_NOT_TRACK": "1", "PYTHONWARNINGS": "ignore::FutureWarning",
+    }
+    env.update(extra)
+    return env
+
+
+def script(name: str) -> Path:
+    return SCRIPTS / name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def native(name: str, *args: str, cwd: Optional[Path] = None,
+           env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    """The script told to use the CPU, without dmlshim (cached per test process when cwd is
+    None)."""
+    return run_native(script(name), *args, env=fw_env(**(env or {})), cwd=cwd, timeout=TIMEOUT,
+                      cached=cwd is None)
+
+
+@functools.cache
+def _shim_cached(name: str, args: Tuple[str, ...], device: str,
+                 env_items: Tuple[Tuple[str, str], ...]) -> subprocess.CompletedProcess[str]:
+    return run_shim(script(name), *args, device=device, env=fw_env(**dict(env_items)),
+                    timeout=TIMEOUT)
+
+
+def shimmed(name: str, *args: str, device: str, cwd: Optional[Path] = None,
+            options: Optional[Dict[str, object]] = None,
+            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    """``python -m dmlshim script args`` with ``DMLSHIM_DEVICE=device`` (cached per test process
+    when cwd is None)."""
+    extra = {**option_env(options), **(env or {})}
+    if cwd is None:
+        return _shim_cached(name, tuple(args), device, tuple(sorted(extra.items())))
+    return run_shim(script(name), *args, device=device, env=fw_env(**extra), cwd=cwd,
+                    timeout=TIMEOUT)
+
+
+def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
+               env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    """``python -m <module_args>``, natively (``device=None``) or as ``python -m dmlshim -m
+    <module_args>`` (launchers such as ``accelerate launch``, whose ranks inherit the shim)."""
+    extra = dict(env or {})
+    cmd = [sys.executable]
+    if device is not None:
+        extra["DMLSHIM_DEVICE"] = device
+        cmd += ["-m", "dmlshim"]
+    cmd += ["-m", *module_args]
+    return subprocess.run(cmd, env=clean_env(**fw_env(**extra)), cwd=str(cwd),
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+def ok_losses(proc: subprocess.CompletedProcess[str], at_least: int = 2) -> list:
+    """The run's losses, after checking that it exited 0 and printed finite losses."""
+    assert proc.returncode == 0, describe(proc)
+    got = losses(proc.stdout)
+    assert len(got) >= at_least, describe(proc)
+    assert all(math.isfinite(v) for v in got), describe(proc)
+    return got
+
+
+def assert_equal_losses(proc, reference) -> None:
+    """Bit-identical losses (the CPU target against a native CPU run)."""
+    expected = ok_losses(reference)
+    got = ok_losses(proc)
+    assert got == expected, first_difference(got, expected) + describe(proc)
+
+
+def assert_close_losses(proc, reference, rel: float = EMULATOR_REL) -> None:
+    """Losses equal within ``rel`` (the emulator against a native CPU run; see EMULATOR_REL)."""
+    expected = ok_losses(reference)
+    got = ok_losses(proc)
+    assert len(got) == len(expected), first_difference(got, expected) + describe(proc)
+    assert got == pytest.approx(expected, rel=rel), first_difference(got, expected) + describe(proc)
+
+
+def printed(proc: subprocess.CompletedProcess[str], key: str) -> Optional[str]:
+    """The rest of the first stdout line that starts with ``key``."""
+    for line in proc.stdout.splitlines():
+        parts = line.split(maxsplit=1)
+        if parts and parts[0] == key:
+            return parts[1] if len(parts) > 1 else ""
+    return None
+
+
+def printed_hex(proc: subprocess.CompletedProcess[str], key: str) -> float:
+    value = printed(proc, key)
+    assert value is not None, f"no {key!r} line" + describe(proc)
+    return float.fromhex(value.split()[0])
+
+
+def assert_cuda_device(proc: subprocess.CompletedProcess[str]) -> None:
+    """The framework chose CUDA (the shim made it look available)."""
+    device = printed(proc, "device")
+    assert device is not None and device.split(":")[0] == "cuda", describe(proc)

@@ -1,0 +1,56 @@
+"""TensorBoard logging in a CUDA training script: ``SummaryWriter.add_graph(model, x)`` (which
+traces the model with ``torch.jit.trace``; the trace check calls ``.double()``), ``add_scalar``
+per step, into ``--logdir`` (``--device cpu``: the same run told to use the CPU).
+
+Stdout: ``device <device>``, ``loss 1 <step> <float.hex()>``, ``graph <nodes in the logged
+GraphDef>``, ``events <number of event files>``.
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.tensorboard import SummaryWriter
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--logdir", default="tb")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 3, 8, 8, generator=g).to(device)
+    y = torch.randint(0, 4, (16,), generator=g).to(device)
+    print("device", device)
+
+    writer = SummaryWriter(args.logdir)
+    model.eval()
+    writer.add_graph(model, x[:2])
+    model.train()
+    for step in range(4):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        writer.add_scalar("loss", loss.item(), step)
+        print(f"loss 1 {step} {loss.item().hex()}")
+    writer.close()
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(args.logdir)
+    acc.Reload()
+    print("graph", len(acc.Graph().node))
+    print("events", len(list(Path(args.logdir).glob("events.out.tfevents.*"))))
+
+
+if __name__ == "__main__":
+    main()
