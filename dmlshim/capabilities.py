@@ -134,7 +134,7 @@ class EmulatedDirectML(Capabilities):
         return "float64" not in self._switches()
 
     def has_bf16(self) -> bool:
-        return False
+        return "bfloat16" not in self._switches()
 
     def known_bugs(self) -> Tuple[str, ...]:
         switches = self._switches()

@@ -133,7 +133,7 @@ cfg = config.Config(*json.loads(sys.argv[1]))
 missing = target.directml_library_path_missing()
 error = doctor._smoke_test(cfg) if missing is None else (
     f"torch_directml's folder {missing} is not on LD_LIBRARY_PATH in the check's process")
-print("DMLSHIM_SMOKE " + json.dumps(error))
+print("dmlshim-smoke: " + json.dumps(error))
 """
 
 
@@ -151,8 +151,8 @@ def _smoke_test_in_subprocess(cfg: cfgmod.Config, library_dir: str) -> Optional[
     except subprocess.TimeoutExpired:
         return f"the tensor-op check (with {library_dir} on LD_LIBRARY_PATH) hung"
     for line in proc.stdout.splitlines():
-        if line.startswith("DMLSHIM_SMOKE "):
-            return json.loads(line[len("DMLSHIM_SMOKE "):])
+        if line.startswith("dmlshim-smoke: "):
+            return json.loads(line[len("dmlshim-smoke: "):])
     if proc.returncode < 0:
         return f"the tensor-op check crashed with signal {-proc.returncode}"
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -142,7 +142,8 @@ class AmpPatch(Patch):
 
     def _install(self, target, config) -> None:
         self.plan = plan = make_plan(target, config.amp)
-        self.float32_device: Optional[str] = None
+        self._float32_probed: Optional[Optional[str]] = None  # None: not probed yet
+        self._device_type, self._index = target.device_type, target.index
         device_type = target.device_type
         if device_type == "privateuseone":
             # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's for the
@@ -151,11 +152,6 @@ class AmpPatch(Patch):
 
             _pu1_autocast.hold("dmlshim.amp")
             self.on_undo(lambda: _pu1_autocast.release("dmlshim.amp"))
-        if _float32_regions_work(device_type, target.index):
-            self.float32_device = device_type
-        else:
-            log.info("autocast regions on %s cannot cast to float32; CUDA autocast regions are "
-                     "disabled there instead (float16 inputs are not cast up)", device_type)
         if plan.mode == "fp16":
             if plan.low_precision:
                 log.info("DMLSHIM_AMP=fp16: CUDA autocast runs as %s autocast on %s",
@@ -174,6 +170,25 @@ class AmpPatch(Patch):
                 for name in ("custom_fwd", "custom_bwd"):
                     if hasattr(owner, name):
                         self.wrap(owner, name, self._custom_decorator)
+
+    @property
+    def float32_device(self) -> Optional[str]:
+        """The device whose float32 autocast regions cast float16 inputs up (None: none).
+
+        Probed at the first CUDA autocast region, not at install: the probe's device ops would
+        be the process's first, and torch imports modules then (torch.distributed.tensor) that
+        a script importing them itself must see imported by its own statement.
+        """
+        if self._float32_probed is None:
+            device_type = self._device_type
+            if _float32_regions_work(device_type, self._index):
+                self._float32_probed = device_type
+            else:
+                self._float32_probed = ""
+                log.info("autocast regions on %s cannot cast to float32; CUDA autocast regions "
+                         "are disabled there instead (float16 inputs are not cast up)",
+                         device_type)
+        return self._float32_probed or None
 
     # -- autocast -------------------------------------------------------------------------
     def _autocast_init(self, wrapped, instance, args, kwargs):

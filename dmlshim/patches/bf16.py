@@ -2,7 +2,7 @@
 
 torch-directml 0.2.5 has no bfloat16: a bf16 tensor on the device aborts the process
 (``dml_util.cc:118 Invalid or unsupported data type BFloat16``, microsoft/DirectML#688), with no
-Python exception to catch. So a bf16 tensor entering a DirectML device (real or emulated) is
+Python exception to catch. So, unless ``DMLSHIM_GUARDS=off``, a bf16 tensor entering a DirectML device (real or emulated) is
 made float32 (default) or float16, one warning per call site, or ``error`` raises a Python
 exception naming the call site. ``torch.autocast("cuda", dtype=torch.bfloat16)`` follows the
 same policy (:mod:`dmlshim.patches.amp` asks :func:`autocast_dtype`), and
@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from dmlshim import conversions, events
+from dmlshim import capabilities, conversions, events
 from dmlshim.config import Bf16Policy
 from dmlshim.patching import Patch
 
@@ -75,6 +75,10 @@ class Bf16Patch(Patch):
 
     def _install(self, target, config: Any) -> None:
         global _policy
+        # DMLSHIM_GUARDS=off shows the wheel as it is (a bf16 tensor aborts the process); an
+        # adapter with bfloat16 (the emulator without its bfloat16 gap) needs no policy.
+        if config.guards == "off" or capabilities.of(target, config).has_bf16():
+            return
         policy = Bf16Policy(config.bf16)
         device_type = target.device_type
 
