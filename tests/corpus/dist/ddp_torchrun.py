@@ -8,16 +8,13 @@ missing, as many scripts do), ``LOCAL_RANK`` from the environment,
 ``DDP(model, device_ids=[local_rank], output_device=local_rank)``, ``DistributedSampler`` with
 ``set_epoch``, ``x.cuda(local_rank, non_blocking=True)``, ``dist.all_reduce`` of the loss for
 logging, ``dist.broadcast`` and ``dist.all_gather`` of device tensors, ``dist.barrier()``,
-``dist.get_backend()`` and ``dist.is_nccl_available()``, gradient accumulation with
-``ddp.no_sync()``, and a checkpoint written by rank 0 (``--save``).
+``dist.get_backend()`` and ``dist.is_nccl_available()``.
 
 Rank 0 prints ``loss <epoch> <step> <hex>`` (the loss averaged over ranks); every rank prints
 ``params <rank> <sha1 of its parameters>`` at the end: DDP keeps them identical.
-``ddp_reference.py`` trains the same model on the same global batches in one process.
 """
 
 import argparse
-import contextlib
 import hashlib
 import os
 import sys
@@ -52,8 +49,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--accum", type=int, default=2, help="micro-batches per step (no_sync)")
-    parser.add_argument("--save", default=None, help="checkpoint path (written by rank 0)")
     args = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()
@@ -89,23 +84,14 @@ def main():
             xb = xb.cuda(local_rank, non_blocking=True) if use_cuda else xb
             yb = yb.to(device)
             optimizer.zero_grad()
-            parts = []
-            for micro, (xm, ym) in enumerate(zip(xb.chunk(args.accum), yb.chunk(args.accum))):
-                # gradients of all but the last micro-batch stay local (accumulated)
-                last = micro == args.accum - 1
-                with contextlib.nullcontext() if last else ddp.no_sync():
-                    loss = criterion(ddp(xm), ym) / args.accum
-                    loss.backward()
-                parts.append(loss.detach())
+            loss = criterion(ddp(xb), yb)
+            loss.backward()
             optimizer.step()
-            logged = torch.stack(parts).sum()
+            logged = loss.detach().clone()
             dist.all_reduce(logged, op=dist.ReduceOp.SUM)
             if rank == 0:
                 say(f"loss {epoch} {step} {(logged / world).item().hex()}")
 
-    if args.save and rank == 0:
-        torch.save({"model": ddp.module.state_dict(), "optimizer": optimizer.state_dict()},
-                   args.save)
     token = torch.full((2,), float(rank + 1), device=device)
     dist.broadcast(token, src=1)
     gathered = [torch.zeros(2, device=device) for _ in range(world)]
