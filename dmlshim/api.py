@@ -34,6 +34,7 @@ PATCH_MODULES = (
     "dmlshim.patches.bf16",
     "dmlshim.patches.layout",
     "dmlshim.patches.decompose",
+    "dmlshim.patches.vision_ops",
     "dmlshim.patches.guards",
     "dmlshim.patches.inference",
     "dmlshim.patches.distributed",

@@ -200,6 +200,9 @@ class AmpPatch(Patch):
         dtype = bound.get("dtype")
         if not enabled:
             return wrapped(*args, **kwargs)
+        # Probe before this call warns: the probe's catch_warnings() resets Python's
+        # once-per-site warning registry, which would let this call's warning show twice.
+        self.float32_device  # noqa: B018
         if dtype is torch.bfloat16:  # DirectML has no bfloat16: DMLSHIM_BF16 decides
             from dmlshim.patches import bf16
 
