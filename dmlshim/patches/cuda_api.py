@@ -139,6 +139,9 @@ class Stream(_StreamBase):  # type: ignore[misc, valid-type]
     def query(self) -> bool:
         return True
 
+    def is_capturing(self) -> bool:
+        return False  # no CUDA graph is ever being captured here
+
     def wait_event(self, event: Event) -> None:
         pass
 
@@ -362,10 +365,18 @@ def set_rng_state_all(new_states) -> None:
         torch.set_rng_state(state)
 
 
-def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False,
-                           pool=None):
-    # Without CUDA graphs the eager callables are the correct (if slower) result.
+def make_graphed_callables(callables, sample_args, *args, **kwargs):
+    # Without CUDA graphs the eager callables are the correct (if slower) result. The
+    # parameters are the installed torch's (they grow between releases).
+    signature = _torch_signature("make_graphed_callables")
+    if signature is not None:
+        signature.bind(callables, sample_args, *args, **kwargs)  # torch's TypeErrors
     return callables
+
+
+if _torch_signature("make_graphed_callables") is not None:
+    make_graphed_callables.__signature__ = _torch_signature(  # type: ignore[attr-defined]
+        "make_graphed_callables")
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
