@@ -69,6 +69,14 @@ class Capabilities:
     def empty_cache(self) -> None:
         pass
 
+    def raises_untyped_oom(self) -> bool:
+        """Whether running out of memory raises a plain RuntimeError here (torch-directml's
+        allocator does; CPU and CUDA raise torch's OutOfMemoryError or MemoryError)."""
+        return False
+
+    def limit_memory(self, nbytes: Any) -> None:
+        """Cap the live bytes per adapter (None: no cap); only the emulator has one."""
+
 
 class Cuda(Capabilities):
     kind = "cuda"
@@ -122,6 +130,9 @@ class DirectML(Capabilities):
         except Exception:  # noqa: BLE001
             pass
 
+    def raises_untyped_oom(self) -> bool:
+        return True
+
 
 class EmulatedDirectML(Capabilities):
     kind = "emulated-dml"
@@ -163,6 +174,15 @@ class EmulatedDirectML(Capabilities):
 
     def processor_count(self, index: int) -> int:
         return 1
+
+    def raises_untyped_oom(self) -> bool:
+        # as the wheel, but only an adapter capped by DMLSHIM_EMULATOR_MEMORY can run out
+        return bool(self.config is not None and self.config.emulator_memory)
+
+    def limit_memory(self, nbytes: Any) -> None:
+        from dmlshim.emulator import _memory
+
+        _memory.set_limit(nbytes)
 
 
 _BY_KIND = {c.kind: c for c in (Capabilities, Cuda, DirectML, EmulatedDirectML)}

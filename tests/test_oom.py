@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,10 @@ pytestmark = pytest.mark.emulator
 
 MIB = 2**20
 WHEEL_TEXT = "There is not enough GPU video memory available!"
+# what the translation wraps where an untyped OOM can happen (besides the device entry points)
+OOM_ATTRIBUTES = [(torch.autograd, "backward"), (torch.autograd, "grad"),
+                  (torch.optim.Optimizer, "__init_subclass__"), (torch.optim.Adam, "step"),
+                  (torch.optim.SGD, "step")]
 
 
 def test_bad_emulator_memory_exits_2_with_one_line(tmp_path):
@@ -86,29 +91,50 @@ def run_case(case: str, mib: int, timeout: float = 600):
     return out, proc
 
 
-def test_except_cuda_oom_catches_it_at_entry_points_forward_backward_and_step():
+def test_except_cuda_oom_catches_it_at_entry_points_backward_and_step_as_on_cuda():
     got, proc = run_case("except", 5)
-    places = ["factory", "Tensor.cuda", "forward", "backward", "optimizer-step"]
-    for where in places:
+    for where in ["factory", "Tensor.cuda", "backward", "optimizer-step"]:
         assert got.get(where) == "DirectMLOutOfMemoryError", (where, describe(proc))
         args = ast.literal_eval(got[where + ":text"])
         assert accepted_by_the_frameworks(args), (where, args)
-        assert "limit 5.00 MiB set by DMLSHIM_EMULATOR_MEMORY" in args[0], args
+        assert re.search(r"Tried to allocate \d+\.\d\d MiB\.", args[0]), args
+    # inside forward the shim has no frame: the wheel's own RuntimeError, as torch-directml
+    assert got.get("forward") == "RuntimeError", describe(proc)
+    text = ast.literal_eval(got["forward:text"])[0]
+    assert text == f"Could not allocate tensor with {2 * MIB} bytes. {WHEEL_TEXT}", text
     assert got["allocated-after"] == "0", describe(proc)  # the failed steps leaked nothing
 
 
 def test_uninstall_lifts_the_cap_and_the_translation(shim):
+    before = {(owner, name): vars(owner).get(name) for owner, name in OOM_ATTRIBUTES}
     shim(device="emulated-dml", emulator_memory="1")
+    assert all(vars(owner).get(name) is not before[owner, name] for owner, name in OOM_ATTRIBUTES)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         torch.zeros(MIB, device="cuda")  # 4 MiB
+
+    class Later(torch.optim.SGD):  # defined while installed: its step is translated too
+        def step(self, closure=None):
+            return super().step(closure)
+
+    assert Later.step is not vars(Later)["step"].__wrapped__
     import dmlshim
 
     dmlshim.uninstall()
-    assert _memory.limit() is None and _memory.make_oom_error is _memory._wheel_error
+    assert _memory.limit() is None
+    assert {(owner, name): vars(owner).get(name) for owner, name in OOM_ATTRIBUTES} == before
+    assert not hasattr(vars(Later)["step"], "__wrapped__")
     x = torch.zeros(MIB, device=emulator.device(0))  # on an uncapped adapter
     assert x.device.type == "privateuseone"
     wheel = RuntimeError(_memory.oom_message(16))
     assert oom.translate(wheel) is not wheel and isinstance(oom.translate(wheel), torch.OutOfMemoryError)
+
+
+def test_uncapped_emulator_adds_no_frame_to_backward_or_step(shim):
+    shim(device="emulated-dml")  # no cap: an emulated adapter cannot run out
+    assert all(vars(owner).get(name) is before for (owner, name), before in
+               zip(OOM_ATTRIBUTES, [vars(o).get(n) for o, n in OOM_ATTRIBUTES]))
+    assert not oom.is_patched(torch.autograd, "backward")
+    assert not oom.is_patched(torch.optim.Adam, "step")
 
 
 def test_accelerate_find_executable_batch_size_settles_on_a_smaller_batch():

@@ -15,7 +15,7 @@ added or grows, so tensors within the limit pay one comparison.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -36,15 +36,6 @@ def oom_message(nbytes: int) -> str:
             "memory available!")
 
 
-def _wheel_error(nbytes: int, index: int) -> BaseException:
-    return RuntimeError(oom_message(nbytes))
-
-
-# Builds the error raised past the limit: torch-directml's RuntimeError, unless the shim is
-# installed and translates it where it is raised (dmlshim.patches.oom sets this).
-make_oom_error: Callable[[int, int], BaseException] = _wheel_error
-
-
 def set_limit(nbytes: Optional[int]) -> None:
     global _limit
     _limit = nbytes
@@ -52,11 +43,6 @@ def set_limit(nbytes: Optional[int]) -> None:
 
 def limit() -> Optional[int]:
     return _limit
-
-
-def set_oom_error(factory: Optional[Callable[[int, int], BaseException]]) -> None:
-    global make_oom_error
-    make_oom_error = factory if factory is not None else _wheel_error
 
 
 def resize(count: int) -> None:
@@ -87,7 +73,7 @@ def track(elem: torch.Tensor, index: int) -> None:
     if entry is None:
         nbytes = storage.nbytes()
         if _limit is not None and _current[index] + nbytes > _limit:
-            raise make_oom_error(nbytes, index)
+            raise RuntimeError(oom_message(nbytes))
         _storages[key] = [index, nbytes, 1]
         _current[index] += nbytes
         if _current[index] > _peak[index]:
@@ -106,7 +92,7 @@ def refresh(elem: torch.Tensor) -> None:
     nbytes = elem.untyped_storage().nbytes()
     if nbytes != entry[1]:
         if _limit is not None and nbytes > entry[1] and _current[entry[0]] + nbytes - entry[1] > _limit:
-            raise make_oom_error(nbytes, entry[0])
+            raise RuntimeError(oom_message(nbytes))
         _current[entry[0]] += nbytes - entry[1]
         entry[1] = nbytes
         if _current[entry[0]] > _peak[entry[0]]:

@@ -1,36 +1,34 @@
 """DirectML's out-of-memory error, seen by scripts as CUDA's.
 
 torch-directml's allocator raises ``RuntimeError("Could not allocate tensor with N bytes. There
-is not enough GPU video memory available!")`` (or ``DML allocator out of memory!``). CUDA code
-catches ``torch.cuda.OutOfMemoryError``, and the frameworks' batch-size finders look at the
-text: accelerate's ``should_reduce_batch_size`` (HF Trainer's ``auto_find_batch_size`` uses it)
-wants ``" out of memory."``, Lightning's ``is_oom_error`` wants ``"CUDA"`` and
-``"out of memory"``, both in the one argument of a RuntimeError. So the error is translated to
-:class:`DirectMLOutOfMemoryError`: a real ``torch.OutOfMemoryError`` (hence a RuntimeError)
-whose one argument is CUDA-style text followed by the original DirectML text (a script that
-matched torch-directml's words still finds them).
+is not enough GPU video memory available!")`` (or ``DML allocator out of memory!``), and so does
+the emulator past ``DMLSHIM_EMULATOR_MEMORY``. CUDA code catches ``torch.cuda.OutOfMemoryError``,
+and the frameworks' batch-size finders look at the text: accelerate's
+``should_reduce_batch_size`` (HF Trainer's ``auto_find_batch_size`` uses it) wants
+``" out of memory."``, Lightning's ``is_oom_error`` wants ``"CUDA"`` and ``"out of memory"``,
+both in the one argument of a RuntimeError.
 
-Where it is translated:
-
-* ``emulated-dml``: where the error is raised. The emulator builds its out-of-memory error
-  through a factory (``emulator/_memory.py``) and this patch sets the factory, so every
-  operator -- an entry point, forward, backward, the optimizer step -- raises the translated
-  error, and nothing is added to the normal path.
-* ``dml``: torch-directml raises from C++, below every Python frame of the shim's, and
-  translating in backward or the optimizer step would need a wrapper frame on every step. So
-  there the frameworks' OOM predicates are wrapped instead (they run only once an exception
-  was raised) and also recognise the raw text (:func:`is_directml_oom`); a script's own
-  ``except torch.cuda.OutOfMemoryError`` does not see the untranslated error.
+Where the shim has a frame, the error becomes :class:`DirectMLOutOfMemoryError` (a real
+``torch.OutOfMemoryError`` whose one argument is CUDA-style text followed by the original
+DirectML text): the device entry points (``dmlshim.patches.devices`` calls :func:`reraise`),
+``torch.autograd.backward``/``grad`` and every optimizer's ``step``. The raise happens in C++,
+so the only way to catch it is a frame around the call: the backward and step wrappers are
+installed only where an untyped OOM can happen (capabilities ``raises_untyped_oom``: DirectML,
+or an emulated adapter with a cap), at one frame each per step. Inside a model's forward the
+error stays the wheel's RuntimeError (wrapping every module call would put the shim on the hot
+path); the frameworks' OOM predicates are wrapped to recognise the raw text there.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+import re
+from typing import Any
 
 import torch
 
-from dmlshim.patching import Patch, when_imported
+from dmlshim import capabilities
+from dmlshim.patching import Patch, is_patched, when_imported
 
 log = logging.getLogger("dmlshim")
 
@@ -55,20 +53,17 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
 
-def cuda_text(original: str, nbytes: Optional[int] = None, index: Optional[int] = None,
-              where: str = "", in_use: Optional[int] = None) -> str:
+_NBYTES = re.compile(r"allocate tensor with (\d+) bytes")
+
+
+def cuda_text(original: str) -> str:
     """CUDA-style out-of-memory text that ends with torch-directml's own."""
     parts = ["CUDA out of memory."]
-    if nbytes is not None:
-        parts.append(f"Tried to allocate {_mib(nbytes)}.")
-    gpu = f"GPU {index if index is not None else 0}"
-    if where:
-        gpu += f" ({where})"
-    if in_use is not None:
-        parts.append(f"{gpu} has {_mib(in_use)} allocated.")
-    else:
-        parts.append(f"{gpu} is out of memory.")
-    parts.append("Reduce the batch size (or the model) to fit the adapter.")
+    m = _NBYTES.search(original)
+    if m is not None:
+        parts.append(f"Tried to allocate {_mib(int(m.group(1)))}.")
+    parts.append("The DirectML adapter is out of memory; reduce the batch size (or the model) "
+                 "to fit it.")
     parts.append(f"[torch-directml] {original}")
     return " ".join(parts)
 
@@ -82,15 +77,19 @@ def translate(exc: BaseException) -> BaseException:
     return new
 
 
-def _emulator_error(nbytes: int, index: int) -> BaseException:
-    from dmlshim.emulator import _memory
+def reraise(exc: RuntimeError) -> None:
+    """Raise ``exc`` translated if it is DirectML's OOM; otherwise return (the caller re-raises)."""
+    new = translate(exc)
+    if new is not exc:
+        raise new from exc
 
-    limit = _memory.limit()
-    where = f"emulated DirectML adapter {index}"
-    if limit is not None:
-        where += f", limit {_mib(limit)} set by DMLSHIM_EMULATOR_MEMORY"
-    return DirectMLOutOfMemoryError(cuda_text(_memory.oom_message(nbytes), nbytes, index, where,
-                                              _memory.allocated(index)))
+
+def _translating(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    except RuntimeError as exc:
+        reraise(exc)
+        raise
 
 
 def _recognising(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -117,28 +116,47 @@ class OutOfMemoryPatch(Patch):
     name = "oom"
 
     def applies(self, target) -> bool:
-        return target.kind in ("dml", "emulated-dml")
+        return target.is_directml
 
     def _install(self, target, config) -> None:
-        if target.kind == "emulated-dml":
-            from dmlshim.emulator import _memory
-
-            mib = config.emulator_memory
-            _memory.set_limit(int(mib) * 2**20 if mib else None)
-            _memory.set_oom_error(_emulator_error)
-
-            def restore() -> None:
-                _memory.set_limit(None)
-                _memory.set_oom_error(None)
-
-            self.on_undo(restore)
+        caps = capabilities.of(target, config)
+        mib = config.emulator_memory
+        if mib:
+            caps.limit_memory(int(mib) * 2**20)
+            self.on_undo(lambda: caps.limit_memory(None))
+        if caps.raises_untyped_oom():
+            self.wrap(torch.autograd, "backward", _translating)
+            self.wrap(torch.autograd, "grad", _translating)
+            self._wrap_optimizer_steps()
         for modname, attr in FRAMEWORK_PREDICATES:
             when_imported(modname, lambda mod, attr=attr: self._wrap_predicate(mod, attr))
 
-    def _wrap_predicate(self, module: Any, attr: str) -> None:
-        if not self.installed or not callable(getattr(module, attr, None)):
-            return
-        from dmlshim.patching import is_patched
+    def _wrap_optimizer_steps(self) -> None:
+        """``step`` of every optimizer class, those defined later included."""
+        base = torch.optim.Optimizer
+        pending, seen = list(base.__subclasses__()), set()
+        while pending:
+            cls = pending.pop()
+            if cls not in seen:
+                seen.add(cls)
+                self._wrap_step(cls)
+                pending.extend(cls.__subclasses__())
+        patch = self
 
-        if not is_patched(module, attr):
+        def init_subclass(cls, **kwargs: Any) -> None:
+            super(base, cls).__init_subclass__(**kwargs)
+            patch._wrap_step(cls)
+
+        self.replace(base, "__init_subclass__", classmethod(init_subclass))
+
+    def _wrap_step(self, cls: type) -> None:
+        # only where the class defines it: a subclass that inherits step goes through the
+        # parent's wrapper (torch's profile_hook_step may later wrap ours; uninstall puts the
+        # class's own step back and torch hooks it again at the next construction)
+        if "step" in vars(cls) and not is_patched(cls, "step"):
+            self.wrap(cls, "step", _translating)
+
+    def _wrap_predicate(self, module: Any, attr: str) -> None:
+        if self.installed and callable(getattr(module, attr, None)) \
+                and not is_patched(module, attr):
             self.wrap(module, attr, _recognising)

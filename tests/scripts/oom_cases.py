@@ -5,8 +5,8 @@ cap and prints ``result <key> <value>`` lines. The emulator's C++ device guard i
 first: with torch >= 2.5's Python guard, an exception raised in the autograd engine's device
 thread aborts the process (any exception, not only this one).
 
-Cases: ``except`` (``except torch.cuda.OutOfMemoryError`` at entry points, forward, backward
-and the optimizer step), ``accelerate`` (``find_executable_batch_size``), ``hf``
+Cases: ``except`` (``except torch.cuda.OutOfMemoryError`` at entry points, backward and the
+optimizer step; inside forward the wheel's RuntimeError), ``accelerate`` (``find_executable_batch_size``), ``hf``
 (``Trainer(auto_find_batch_size=True)``), ``lightning`` (``Tuner.scale_batch_size``).
 """
 
@@ -46,6 +46,9 @@ def case_except():
             fn()
         except torch.cuda.OutOfMemoryError as exc:
             result(where, type(exc).__name__)
+            result(where + ":text", repr(exc.args))
+        except RuntimeError as exc:  # what torch-directml raises where the shim has no frame
+            result(where, "RuntimeError")
             result(where + ":text", repr(exc.args))
 
     attempt("factory", lambda: torch.zeros(2 * MIB, device="cuda"))  # 8 MiB
@@ -96,8 +99,10 @@ def fits(batch_size):
     try:
         train_step(batch_size)
         return True
-    except torch.cuda.OutOfMemoryError:
-        return False
+    except RuntimeError as exc:  # translated, or the wheel's own text (inside forward)
+        if isinstance(exc, torch.cuda.OutOfMemoryError) or "not enough GPU video memory" in str(exc):
+            return False
+        raise
     finally:
         gc.collect()
 
