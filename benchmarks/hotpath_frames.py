@@ -16,6 +16,7 @@ the device so they do not fall back to the CPU; they run on real DirectML too). 
     python benchmarks/hotpath_frames.py                  # cpu and emulated-dml
     python benchmarks/hotpath_frames.py --device cuda    # on an NVIDIA machine
     python benchmarks/hotpath_frames.py --one cpu --json # one target, JSON line (tests use it)
+    python benchmarks/hotpath_frames.py --device emulated-dml --emulator-memory 4096
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOVES_PER_STEP = 3  # entry-point calls the `moves` step makes itself
 
 
-def measure(device: str, steps: int, warmup: int) -> Dict[str, object]:
+def measure(device: str, steps: int, warmup: int, emulator_memory: str = "") -> Dict[str, object]:
     os.environ["DMLSHIM_DISABLE"] = "1"  # import only; install() below
     sys.path.insert(0, REPO)
     import torch
@@ -40,7 +41,7 @@ def measure(device: str, steps: int, warmup: int) -> Dict[str, object]:
 
     import dmlshim
 
-    dmlshim.install(device=device)
+    dmlshim.install(device=device, emulator_memory=emulator_memory)
     pkg = os.path.dirname(os.path.abspath(dmlshim.__file__)) + os.sep
     emu = pkg + "emulator" + os.sep
     kern = pkg + "decompositions" + os.sep  # op kernels registered for the device
@@ -119,9 +120,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--emulator-memory", default="",
+                   help="cap emulated adapters (MiB): an untyped OOM can then happen, and the "
+                        "OOM translation wraps backward and the optimizer step")
     a = p.parse_args()
     if a.one:
-        result = measure(a.one, a.steps, a.warmup)
+        result = measure(a.one, a.steps, a.warmup, a.emulator_memory)
         print(json.dumps(result) if a.json else json.dumps(result, indent=1))
         return
     print("| target | torch | shim frames / plain step | shim frames / step with 3 moves "
@@ -130,7 +134,8 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
     for device in a.device or ["cpu", "emulated-dml"]:
         proc = subprocess.run([sys.executable, __file__, "--one", device, "--json", "--steps",
-                               str(a.steps), "--warmup", str(a.warmup)],
+                               str(a.steps), "--warmup", str(a.warmup),
+                               "--emulator-memory", a.emulator_memory],
                               capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(f"| {device} | failed: {proc.stderr.strip().splitlines()[-1:]} |||||")

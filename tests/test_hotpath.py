@@ -35,3 +35,16 @@ def test_frames_per_step(device):
     assert not walks, walks
     # the moves really went through the shim (a count of 0 would mean nothing was measured)
     assert moves["functions"].get("events.py:redirected") == 3, moves["functions"]
+
+
+def test_oom_translation_costs_one_frame_each_for_backward_and_step_only_when_capped():
+    """A capped emulated adapter can run out of memory like real DirectML: the translation of
+    its untyped error wraps backward and the optimizer step (one frame each), nothing else."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "hotpath_frames.py"), "--one", "emulated-dml",
+         "--json", "--steps", "10", "--warmup", "3", "--emulator-memory", "4096"],
+        capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plain = json.loads(proc.stdout.strip().splitlines()[-1])["plain"]
+    assert plain["functions"].get("patches/oom.py:_translating") == 2, plain["functions"]
+    assert plain["shim_per_step"] == BUDGET["emulated-dml"] + 2, plain["functions"]
