@@ -77,9 +77,33 @@ class Capabilities:
     def limit_memory(self, nbytes: Any) -> None:
         """Cap the live bytes per adapter (None: no cap); only the emulator has one."""
 
+    def float64_summary(self) -> str:
+        """:meth:`has_float64`'s answer in words, with where it comes from (the doctor's row)."""
+        return "yes"
+
+    def has_fused_optimizers(self) -> bool:
+        """Whether torch's fused optimizer kernels (``fused=True``) run on the target's device:
+        on the CPU, when the installed torch has CPU ones."""
+        try:
+            from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+        except ImportError:
+            return False
+        return "cpu" in _get_fused_kernels_supported_devices()
+
+    def load_problem(self) -> Any:
+        """Why this target's backend cannot be loaded in this process (None: it can)."""
+        return None
+
+    def library_dir_missing(self) -> Any:
+        """The folder LD_LIBRARY_PATH must hold for the backend to import (None: none)."""
+        return None
+
 
 class Cuda(Capabilities):
     kind = "cuda"
+
+    def has_fused_optimizers(self) -> bool:
+        return True
 
 
 class DirectML(Capabilities):
@@ -133,6 +157,19 @@ class DirectML(Capabilities):
     def raises_untyped_oom(self) -> bool:
         return True
 
+    def float64_summary(self) -> str:
+        # torch_directml.has_float64_support(i), probed per adapter
+        return ", ".join(f"adapter {i}: {'yes' if ok else 'no'}"
+                         for i, ok in enumerate(self.target.float64)) or "unknown"
+
+    def has_fused_optimizers(self) -> bool:
+        return False  # torch-directml has no fused optimizer kernels
+
+    def library_dir_missing(self) -> Any:
+        from dmlshim import target
+
+        return target.directml_library_path_missing()
+
 
 class EmulatedDirectML(Capabilities):
     kind = "emulated-dml"
@@ -183,6 +220,25 @@ class EmulatedDirectML(Capabilities):
         from dmlshim.emulator import _memory
 
         _memory.set_limit(nbytes)
+
+    def float64_summary(self) -> str:
+        if not self.has_float64(0):
+            return "no (the emulator reproduces adapters without float64: emulator gap 'float64')"
+        return "yes (emulator gap 'float64' is off)"
+
+    def has_fused_optimizers(self) -> bool:
+        return False  # as on DirectML
+
+    def load_problem(self) -> Any:
+        import importlib
+
+        try:
+            emulator = importlib.import_module("dmlshim.emulator")
+            if not hasattr(emulator, "register"):
+                raise ImportError("dmlshim.emulator has no register()")
+        except Exception as err:  # noqa: BLE001 - any failure is the answer
+            return f"the emulator cannot be loaded: {type(err).__name__}: {err}"
+        return None
 
 
 _BY_KIND = {c.kind: c for c in (Capabilities, Cuda, DirectML, EmulatedDirectML)}

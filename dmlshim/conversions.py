@@ -13,6 +13,12 @@ runs, in this order (:data:`ORDER`):
 A rule is data plus two small functions; when no rule is registered (the CPU target), the
 entry points run only the device rule. Areas register in their ``_install`` and unregister
 through ``Patch.on_undo``.
+
+Entry points whose call is more than a device argument also get the owning area's decision as
+a policy function (:data:`POLICIES`): which legacy ``torch.cuda.*Tensor`` type ``Tensor.type``
+names (cuda_api), where a storage's ``.cuda()`` puts it while a checkpoint loads
+(serialization), whether ``share_memory_`` is a no-op (storage). devices.py still runs the
+device rule and records the call's one event.
 """
 
 from __future__ import annotations
@@ -262,3 +268,30 @@ def _inferred(wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict, 
     if requires_grad:
         result.requires_grad_(True)
     return result
+
+
+# -- the areas' policies ----------------------------------------------------------------------
+
+#: entry point -> the function of the area that decides what its call does, registered by the
+#: area's install (an entry point without one passes its calls to torch):
+#:
+#: * ``"Tensor.type"``: ``arg -> dtype or None``: the dtype of the CUDA legacy tensor type the
+#:   argument names (``torch.cuda.FloatTensor``, ``"torch.cuda.FloatTensor"``), else None;
+#: * ``"Storage.cuda"``: ``(storage, target device) -> storage``: the storage put there;
+#: * ``"Tensor.share_memory_"``: ``tensor -> bool``: True when its memory cannot be shared
+#:   (the call is then a no-op returning the tensor, as for a CUDA tensor).
+POLICIES: Dict[str, Callable[..., Any]] = {}
+
+
+def add_policy(api: str, policy: Callable[..., Any]) -> Callable[[], None]:
+    """Register the area's ``policy`` for entry point ``api``; returns its remover (for
+    ``Patch.on_undo``). One area decides each entry point."""
+    if api in POLICIES:
+        raise RuntimeError(f"dmlshim: {api} already has a policy ({POLICIES[api]!r})")
+    POLICIES[api] = policy
+
+    def remove() -> None:
+        if POLICIES.get(api) is policy:
+            del POLICIES[api]
+
+    return remove

@@ -18,7 +18,6 @@ crashes the process.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import platform
@@ -83,24 +82,24 @@ def _wsl() -> bool:
                                                  or os.path.exists("/dev/dxg"))
 
 
+def _capabilities(tgt: targetmod.Target, cfg: cfgmod.Config):
+    from dmlshim import capabilities  # imports torch: only once torch's version is shown
+
+    return capabilities.of(tgt, cfg)
+
+
 def _float64_line(tgt: targetmod.Target, cfg: cfgmod.Config, out: _Out) -> str:
-    if tgt.kind == "dml":
-        parts = [f"adapter {i}: {'yes' if ok else 'no'}" for i, ok in enumerate(tgt.float64)]
-        missing = [i for i, ok in enumerate(tgt.float64) if not ok]
-        if missing and cfg.float64 == "keep":
-            out.notes.append(f"adapter(s) {missing} lack float64: scripts that use double "
-                             "tensors fail there (DMLSHIM_FLOAT64=keep); DMLSHIM_FLOAT64=auto "
-                             "or float32 downcasts them")
-        elif missing:
-            out.notes.append(f"adapter(s) {missing} lack float64: double tensors are made "
-                             f"float32 as they enter them (DMLSHIM_FLOAT64={cfg.float64}; "
-                             "DMLSHIM_FLOAT64=float32 does the same, keep lets them fail)")
-        return ", ".join(parts) or "unknown"
-    if tgt.kind == "emulated-dml":
-        if "float64" in cfg.emulator_switches():
-            return "no (the emulator reproduces adapters without float64: emulator gap 'float64')"
-        return "yes (emulator gap 'float64' is off)"
-    return "yes"
+    caps = _capabilities(tgt, cfg)
+    missing = [i for i in range(tgt.count) if not caps.has_float64(i)]
+    if missing and cfg.float64 == "keep":
+        out.notes.append(f"adapter(s) {missing} lack float64: scripts that use double "
+                         "tensors fail there (DMLSHIM_FLOAT64=keep); DMLSHIM_FLOAT64=auto "
+                         "or float32 downcasts them")
+    elif missing:
+        out.notes.append(f"adapter(s) {missing} lack float64: double tensors are made "
+                         f"float32 as they enter them (DMLSHIM_FLOAT64={cfg.float64}; "
+                         "DMLSHIM_FLOAT64=float32 does the same, keep lets them fail)")
+    return caps.float64_summary()
 
 
 def _describe(tgt: targetmod.Target) -> str:
@@ -234,14 +233,9 @@ def main(cfg: cfgmod.Config) -> int:
     except targetmod.TargetError as err:
         out.row("DMLSHIM_DEVICE", f"{cfg.device} -> cannot be used")
         out.problems.append(str(err).replace("dmlshim: ", "", 1))
-    if tgt is not None and tgt.kind == "emulated-dml":
-        try:
-            emulator = importlib.import_module("dmlshim.emulator")
-            if not hasattr(emulator, "register"):
-                raise ImportError("dmlshim.emulator has no register()")
-        except Exception as err:
-            out.problems.append(f"DMLSHIM_DEVICE={cfg.device} but the emulator cannot be "
-                                f"loaded: {type(err).__name__}: {err}")
+    problem = _capabilities(tgt, cfg).load_problem() if tgt is not None else None
+    if problem is not None:
+        out.problems.append(f"DMLSHIM_DEVICE={cfg.device} but {problem}")
 
     if cfg.disabled:
         out.notes.append("DMLSHIM_DISABLE=1: dmlshim does nothing; CUDA scripts run unchanged")
@@ -249,8 +243,7 @@ def main(cfg: cfgmod.Config) -> int:
         if tgt.inert:
             out.notes.append("real CUDA is present: dmlshim stays inert and scripts use it")
         else:
-            library_dir = targetmod.directml_library_path_missing() if tgt.kind == "dml" \
-                else None
+            library_dir = _capabilities(tgt, cfg).library_dir_missing()
             error = (_smoke_test(cfg) if library_dir is None
                      else _smoke_test_in_subprocess(cfg, library_dir))
             out.row("tensor ops", "ok" if error is None else "FAILED")

@@ -235,3 +235,47 @@ class PatchSet:
     def uninstall(self) -> None:
         for patch in reversed(self.patches):
             patch.uninstall()
+
+
+class ThreadStack(threading.local):
+    """A per-thread stack of values: data a wrapper hands down to the calls it makes (the
+    modules a conversion covers, where a load's storages go, the inference-mode regions open),
+    where :class:`Reentry` would hold only a flag.
+
+    ``with stack.pushed(value):`` around the wrapped call (an inner call pushes its own and the
+    outer value comes back after it); ``stack.top`` is the innermost value, None when none is
+    pushed in this thread. An enter and an exit that are separate calls use ``push``/``pop``.
+    """
+
+    def __init__(self) -> None:  # threading.local runs it once in each thread
+        self.items: List[Any] = []
+
+    @property
+    def top(self) -> Any:
+        items = self.items
+        return items[-1] if items else None
+
+    def push(self, value: Any) -> None:
+        self.items.append(value)
+
+    def pop(self) -> Any:
+        """The innermost value, removed (None when the stack is empty)."""
+        items = self.items
+        return items.pop() if items else None
+
+    def pushed(self, value: Any) -> _Pushed:
+        return _Pushed(self, value)
+
+
+class _Pushed:
+    __slots__ = ("stack", "value")
+
+    def __init__(self, stack: ThreadStack, value: Any) -> None:
+        self.stack, self.value = stack, value
+
+    def __enter__(self) -> Any:
+        self.stack.items.append(self.value)
+        return self.value
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stack.items.pop()

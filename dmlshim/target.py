@@ -51,6 +51,8 @@ class Target:
     index: int = 0  # the adapter `cuda` (no index) means at start
     inert: bool = False
     names: List[str] = field(default_factory=list)
+    # dml: torch_directml.has_float64_support(i) per adapter, as probed; what a target can do
+    # is dmlshim.capabilities' answer (Capabilities.has_float64)
     float64: List[bool] = field(default_factory=list)
 
     @property
@@ -66,11 +68,6 @@ class Target:
     def redirects(self) -> bool:
         """True when CUDA devices are rewritten to something else."""
         return self.kind != "cuda"
-
-    def has_float64(self, index: int = 0) -> bool:
-        if self.kind == "dml":
-            return self.float64[index] if index < len(self.float64) else False
-        return True  # the emulator reproduces the missing float64 itself, per its switches
 
     def device_name(self, index: int) -> str:
         if index < len(self.names):

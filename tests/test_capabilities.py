@@ -27,3 +27,25 @@ def test_each_kind_answers_for_itself():
     assert not emu.has_float64(0)  # the emulator's float64 gap is on by default
     assert emu_bug.has_float64(0) and set(emu_bug.known_bugs()) == set(KERNEL_GUARDS) | {"bn_stats"}
     assert capabilities.of(None).kind == "cpu" and dml.directml and not cpu.directml
+
+
+def test_capabilities_answer_the_doctor_and_the_optimizer_flags():
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    cfg = config.load({"device": "cpu"}, environ={})
+    no_gap = config.load({"device": "cpu", "emulator_gaps": "fallback"}, environ={})
+    cpu = capabilities.of(Target("cpu", 1, "test"), cfg)
+    dml = capabilities.of(Target("dml", 2, "test", float64=[True, False]), cfg)
+    emu = capabilities.of(Target("emulated-dml", 1, "test"), cfg)
+    # fused=True is kept exactly where torch has the kernels for the target's device
+    assert cpu.has_fused_optimizers() == ("cpu" in _get_fused_kernels_supported_devices())
+    assert not dml.has_fused_optimizers() and not emu.has_fused_optimizers()
+    assert capabilities.of(Target("cuda", 1, "test"), cfg).has_fused_optimizers()
+    # one answer for float64: the summary says what has_float64 says
+    assert cpu.float64_summary() == "yes"
+    assert dml.float64_summary() == "adapter 0: yes, adapter 1: no"
+    assert emu.float64_summary().startswith("no (") and not emu.has_float64(0)
+    emu_f64 = capabilities.of(Target("emulated-dml", 1, "test"), no_gap)
+    assert emu_f64.float64_summary().startswith("yes (") and emu_f64.has_float64(0)
+    assert emu.load_problem() is None and cpu.load_problem() is None
+    assert cpu.library_dir_missing() is None and emu.library_dir_missing() is None

@@ -132,3 +132,44 @@ def test_channels_last_is_dropped_for_the_device(shim):
     assert all(s.file == __file__ for s in dropped)
     # .contiguous(memory_format=...) is untouched, and the CPU keeps channels_last
     assert x.to(memory_format=torch.channels_last).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_cuda_like_paths_are_the_devices_patch_s_with_one_event_per_call(shim):
+    # Tensor.type with a legacy CUDA type, Storage.cuda and share_memory_ are wrapped by the
+    # devices patch (the areas give it their policies) and run the rules like Tensor.cuda.
+    import dmlshim
+
+    events.reset()
+    shim(device="emulated-dml:2", log="info")  # float64 gap on: DMLSHIM_FLOAT64=auto downcasts
+    devices = next(p for p in api._patches.patches if p.name == "devices")
+    for owner, name in ((torch.Tensor, "cuda"), (torch.nn.Module, "cuda"),
+                        (torch.Tensor, "type"), (torch.storage._StorageBase, "cuda"),
+                        (torch.Tensor, "share_memory_")):
+        assert (id(owner), name) in devices._keys, name
+    assert set(conversions.POLICIES) == {"Tensor.type", "Storage.cuda", "Tensor.share_memory_"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        double = torch.arange(3, dtype=F64).type(torch.cuda.DoubleTensor)
+    half = torch.arange(3.0).type("torch.cuda.HalfTensor")
+    assert double.device == DML and double.dtype is F32 and double.tolist() == [0.0, 1.0, 2.0]
+    assert half.device == DML and half.dtype is F16
+    assert torch.arange(3.0).type(torch.int32).device.type == "cpu"  # torch's own
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(5.0)}, buffer)
+    buffer.seek(0)
+    # (a DirectML storage exists only inside a load: the tensor is moved after unpickling)
+    loaded = torch.load(buffer, map_location=lambda storage, loc: storage.cuda(1))
+    assert loaded["w"].device == torch.device("privateuseone", 1)
+    assert loaded["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    on_device = torch.ones(2, device="cuda")
+    assert on_device.share_memory_() is on_device
+    sites = events.call_sites()
+    types = sorted((s.original, s.became) for s in sites if s.api == "Tensor.type")
+    assert types == [("\"<class 'torch.cuda.DoubleTensor'>, float64\"", "privateuseone:0, float32"),
+                     ("'torch.cuda.HalfTensor'", "privateuseone:0")]
+    assert [(s.original, s.became) for s in sites if s.api == "Storage.cuda"] == [
+        ("1", "privateuseone:1")]
+    assert [s.tag for s in sites if s.api == "Tensor.share_memory_"] == ["dropped"]
+    assert not [s for s in sites if s.api == "Tensor.to"]  # no second event per call
+    dmlshim.uninstall()
+    assert not conversions.POLICIES

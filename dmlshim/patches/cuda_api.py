@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import wrapt
 
-from dmlshim import backend, devicemap, events
+from dmlshim import backend, conversions, devicemap, events
 from dmlshim.backend import _index
 from dmlshim.patching import TORCH_CALLERS, Patch, called_from_torch, get_original
 
@@ -592,6 +592,18 @@ def _legacy_type(name: str, dtype: torch.dtype) -> type:
     return _LegacyTensorType(name, (), {"dtype": dtype, "__module__": "torch.cuda"})
 
 
+def legacy_dtype(arg: Any) -> Optional[torch.dtype]:
+    """``Tensor.type``'s policy: the dtype of the CUDA legacy tensor type ``arg`` names (the
+    class ``torch.cuda.FloatTensor`` or the string ``"torch.cuda.FloatTensor"``), else None."""
+    if isinstance(arg, str):
+        name = arg[len("torch.cuda."):] if arg.startswith("torch.cuda.") else None
+    elif isinstance(arg, _LegacyTensorType):
+        name = arg.__name__
+    else:
+        name = None
+    return LEGACY_TENSOR_TYPES.get(name) if name is not None else None
+
+
 _GRAPHS = "run the captured code eagerly (CUDA graphs only exist on NVIDIA GPUs)"
 _ALLOC = "remove the allocator customisation; the target manages its own memory"
 UNSUPPORTED: Dict[str, str] = {
@@ -818,22 +830,8 @@ class CudaAPIPatch(Patch):
             if hasattr(cuda, name):
                 self.replace(cuda, name, cls)
 
-        def tensor_type(wrapped, instance, args, kwargs):
-            # x.type(torch.cuda.FloatTensor) / x.type("torch.cuda.FloatTensor")
-            arg = args[0] if args else kwargs.get("dtype")
-            name = arg if isinstance(arg, str) else getattr(arg, "__name__", None)
-            if isinstance(arg, str) and arg.startswith("torch.cuda."):
-                name = arg[len("torch.cuda."):]
-            elif not (isinstance(arg, type) and isinstance(arg, _LegacyTensorType)):
-                name = None
-            if name in legacy:
-                dev = devicemap.device_for(None)
-                events.redirected("Tensor.type", arg, dev)
-                return instance.to(device=dev, dtype=LEGACY_TENSOR_TYPES[name],
-                                   non_blocking=kwargs.get("non_blocking", False))
-            return wrapped(*args, **kwargs)
-
-        self.wrap(torch.Tensor, "type", tensor_type)
+        # x.type(torch.cuda.FloatTensor): devices.py wraps Tensor.type, this names the dtype
+        self.on_undo(conversions.add_policy("Tensor.type", legacy_dtype))
         nvtx = cuda.nvtx
         for name in NVTX_NOOPS:
             if hasattr(nvtx, name):

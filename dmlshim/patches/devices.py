@@ -2,15 +2,18 @@
 
 A call runs the rewriters of :mod:`dmlshim.conversions` in their order (the device rule, then
 the dtype and memory-format rules other areas register) and records one event. Never the ops
-inside a model's forward.
+inside a model's forward. The ``.cuda``-like paths whose meaning belongs to another area --
+``Tensor.type`` with a legacy CUDA type, ``Storage.cuda``, ``Tensor.share_memory_`` -- are
+wrapped here too and ask that area's policy (:data:`dmlshim.conversions.POLICIES`).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
+import torch.storage as _storage
 import torch.utils._device as _torch_device
 
 from dmlshim import conversions, devicemap, events
@@ -42,6 +45,7 @@ def factory_names() -> Tuple[str, ...]:
 
 _DEVICE = torch.device
 _DTYPE = torch.dtype
+_PRESERVE = torch.preserve_format
 # Factories whose result dtype comes from their data, not from dtype= or the default dtype.
 _INFERRING = ("tensor", "as_tensor", "asarray")
 
@@ -170,6 +174,90 @@ def _new_method(api: str):
     return wrapper
 
 
+def _cuda_method(api: str, move: Optional[Callable[..., Any]] = None, tensor: bool = False,
+                 policy: str = ""):
+    """The wrapper of a ``.cuda(device=None, ...)`` method, the one place where a ``.cuda()``
+    argument becomes the target device: its CUDA ordinal (none: the current device) ->
+    :func:`dmlshim.devicemap.map_device` -> the call's one event -> the move.
+
+    ``tensor``: ``move`` is ``Tensor.to`` (``move(t, device, dtype, non_blocking=,
+    memory_format=)``), after the dtype and memory-format rules; else ``move(instance,
+    device)``, or the area policy ``policy`` of :data:`dmlshim.conversions.POLICIES` (calls go
+    to torch while no area registered one).
+    """
+
+    def wrapper(wrapped, instance, args, kwargs):
+        carry = move
+        if policy:
+            carry = conversions.POLICIES.get(policy)
+            if carry is None:
+                return wrapped(*args, **kwargs)
+        arg = args[0] if args else kwargs.get("device")
+        if arg is None:
+            dev = map_device("cuda")
+        else:
+            dev = map_device(arg, int_is_cuda=True)
+            if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
+                return wrapped(*args, **kwargs)
+        shown = arg if arg is not None else ""
+        if not tensor:
+            events.redirected(api, shown, dev)
+            return carry(instance, dev)  # type: ignore[misc]
+        dtype = instance.dtype
+        memory_format = kwargs.get("memory_format", _PRESERVE)
+        if dtype in conversions.DTYPE_RULES or memory_format is not _PRESERVE:
+            dtype, memory_format = _tensor_rules(api, (shown, dev, ""), dtype, dev, memory_format)
+        else:
+            events.redirected(api, shown, dev)
+        return carry(instance, dev, dtype,  # type: ignore[misc]
+                     non_blocking=kwargs.get("non_blocking", False), memory_format=memory_format)
+
+    return wrapper
+
+
+def _tensor_rules(api: str, moved: Tuple[Any, Any, str], dtype: torch.dtype, dev: torch.device,
+                  memory_format: Any) -> Tuple[torch.dtype, Any]:
+    """The dtype and memory-format rules for a tensor of ``dtype`` entering ``dev`` (the
+    device rule made ``moved``), and the call's one event: the (dtype, memory_format) to use."""
+    new_dtype = dtype
+    if dtype in conversions.DTYPE_RULES:
+        new_dtype = conversions.dtype_for(api, dtype, dev) or dtype
+    dropped = None
+    if memory_format is not _PRESERVE and conversions.memory_format_for(api, memory_format, dev):
+        dropped, memory_format = memory_format, _PRESERVE
+    conversions.record(api, moved, (dtype, new_dtype) if new_dtype is not dtype else None,
+                       dropped)
+    return new_dtype, memory_format
+
+
+def _tensor_type(t_to: Any):
+    """``Tensor.type``: a CUDA legacy tensor type (the ``"Tensor.type"`` policy names its dtype)
+    means the current CUDA device and that dtype; any other argument is torch's."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        arg = args[0] if args else kwargs.get("dtype")
+        policy = conversions.POLICIES.get("Tensor.type")
+        dtype = policy(arg) if policy is not None and arg is not None else None
+        if dtype is None:
+            return wrapped(*args, **kwargs)
+        dev = map_device("cuda")
+        dtype, _ = _tensor_rules("Tensor.type", (arg, dev, ""), dtype, dev, _PRESERVE)
+        return t_to(instance, device=dev, dtype=dtype,
+                    non_blocking=kwargs.get("non_blocking", False))
+
+    return wrapper
+
+
+def _share_memory(wrapped, instance, args, kwargs):
+    """``Tensor.share_memory_``: a no-op where the storage area's policy says the tensor's memory
+    cannot be shared (a DirectML tensor), as it is for a CUDA tensor."""
+    refuses = conversions.POLICIES.get("Tensor.share_memory_")
+    if refuses is not None and refuses(instance):
+        events.redirected("Tensor.share_memory_", "share_memory_()", "no-op", tag="dropped")
+        return instance
+    return wrapped(*args, **kwargs)
+
+
 def _dtype_method(api: str, dtype: torch.dtype, t_to: Any):
     def wrapper(wrapped, instance, args, kwargs):
         if dtype in conversions.DTYPE_RULES:
@@ -189,57 +277,19 @@ class DevicesPatch(Patch):
         return target.redirects  # on real CUDA every wrapper would be a pass-through
 
     def _install(self, target, config) -> None:
-        redirect = target.redirects
         t_to = get_original(torch.Tensor, "to")
-
-        def tensor_cuda(wrapped, instance, args, kwargs):
-            if not redirect:
-                return wrapped(*args, **kwargs)
-            arg = args[0] if args else kwargs.get("device")
-            if arg is None:
-                dev = devicemap.map_device("cuda")
-            else:
-                dev = devicemap.map_device(arg, int_is_cuda=True)
-                if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
-                    return wrapped(*args, **kwargs)
-            memory_format = kwargs.get("memory_format", torch.preserve_format)
-            dtype = new_dtype = instance.dtype
-            if dtype in conversions.DTYPE_RULES:
-                new_dtype = conversions.dtype_for("Tensor.cuda", dtype, dev) or dtype
-            dropped = None
-            if memory_format is not torch.preserve_format \
-                    and conversions.memory_format_for("Tensor.cuda", memory_format, dev):
-                dropped, memory_format = memory_format, torch.preserve_format
-            moved = (arg if arg is not None else "", dev, "")
-            if new_dtype is not dtype or dropped is not None:
-                conversions.record("Tensor.cuda", moved,
-                                   (dtype, new_dtype) if new_dtype is not dtype else None, dropped)
-            else:
-                events.redirected("Tensor.cuda", moved[0], dev)
-            dtype = new_dtype
-            return t_to(instance, dev, dtype, non_blocking=kwargs.get("non_blocking", False),
-                        memory_format=memory_format)
-
-        m_to = get_original(torch.nn.Module, "to")
-
-        def module_cuda(wrapped, instance, args, kwargs):
-            if not redirect:
-                return wrapped(*args, **kwargs)
-            arg = args[0] if args else kwargs.get("device")
-            if arg is None:
-                dev = devicemap.map_device("cuda")
-            else:
-                dev = devicemap.map_device(arg, int_is_cuda=True)
-                if dev is arg:
-                    return wrapped(*args, **kwargs)
-            events.redirected("Module.cuda", arg if arg is not None else "", dev)
-            return m_to(instance, dev)
-
-        self.wrap(torch.Tensor, "cuda", tensor_cuda)
+        self.wrap(torch.Tensor, "cuda", _cuda_method("Tensor.cuda", t_to, tensor=True))
+        # x.type(torch.cuda.FloatTensor): legacy typed CUDA tensors (cuda_api's policy)
+        self.wrap(torch.Tensor, "type", _tensor_type(t_to))
         self.wrap(torch.Tensor, "to", _tensor_to)
         # Module.to/.cuda convert each tensor with Tensor.to: the dtype and memory-format rules
         # run there, once per tensor, attributed to the script's model.to() line.
-        self.wrap(torch.nn.Module, "cuda", module_cuda)
+        self.wrap(torch.nn.Module, "cuda",
+                  _cuda_method("Module.cuda", get_original(torch.nn.Module, "to")))
+        # TypedStorage.cuda delegates to its untyped storage's cuda(), so this covers both;
+        # serialization's policy places the storage (inside a DirectML load: afterwards).
+        self.wrap(_storage._StorageBase, "cuda",
+                  _cuda_method("Storage.cuda", policy="Storage.cuda"))
         self.wrap(torch.nn.Module, "to", _device_kwarg("Module.to", position=0))
         self.wrap(torch.nn.Module, "to_empty", _device_kwarg("Module.to_empty"))
 
@@ -257,6 +307,8 @@ class DevicesPatch(Patch):
             if hasattr(module, name):
                 self.wrap(module, name, _device_kwarg(f"{modname}.{name}", position))
 
+        if target.is_directml:
+            self.wrap(torch.Tensor, "share_memory_", _share_memory)
         self._install_is_cuda(target)
         self._install_generator(target)
         self._install_default_device()

@@ -22,22 +22,12 @@ would answer on CUDA: True inside a region, False outside or inside ``inference_
 
 from __future__ import annotations
 
-import threading
-from typing import List
-
 import torch
 
 from dmlshim import events
-from dmlshim.patching import Patch, called_from_torch
+from dmlshim.patching import Patch, ThreadStack, called_from_torch
 
-_tls = threading.local()  # .modes: the modes of the emulated regions open in this thread
-
-
-def _modes() -> List[bool]:
-    modes = getattr(_tls, "modes", None)
-    if modes is None:
-        modes = _tls.modes = []
-    return modes
+_MODES = ThreadStack()  # the modes of the emulated regions open in this thread, innermost last
 
 
 def _enter(wrapped, instance, args, kwargs):
@@ -46,7 +36,7 @@ def _enter(wrapped, instance, args, kwargs):
     saved = instance.__dict__.setdefault("_dmlshim_grad_enabled", [])
     saved.append(torch.is_grad_enabled())
     torch._C._set_grad_enabled(not mode)
-    _modes().append(mode)
+    _MODES.push(mode)
     events.redirected("torch.inference_mode", f"inference_mode({mode})",
                       "no_grad()" if mode else "enable_grad()", tag="emulated")
 
@@ -56,9 +46,7 @@ def _exit(wrapped, instance, args, kwargs):
     if not saved:  # entered before the shim was installed: torch's own context is open
         return wrapped(*args, **kwargs)
     torch._C._set_grad_enabled(saved.pop())
-    modes = _modes()
-    if modes:
-        modes.pop()
+    _MODES.pop()
     return None
 
 
@@ -66,8 +54,7 @@ def _is_enabled(wrapped, instance, args, kwargs):
     real = wrapped(*args, **kwargs)
     if real or called_from_torch():
         return real
-    modes = getattr(_tls, "modes", None)
-    return bool(modes and modes[-1])
+    return bool(_MODES.top)
 
 
 class InferenceModePatch(Patch):

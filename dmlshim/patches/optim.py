@@ -25,14 +25,13 @@ the last audit, or ``reset``).
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Dict, Tuple
 
 import torch
 import torch.utils.data
 
 from dmlshim.config import OptimizerPolicy
-from dmlshim.patching import Patch, Reentry, get_original
+from dmlshim.patching import Patch, Reentry, ThreadStack, get_original
 from dmlshim.rebind import boundaries, remap, workaround
 from dmlshim.rebind.registry import REGISTRY, SCHEDULER_TYPES
 
@@ -94,7 +93,7 @@ class OptimizerRebindPatch(Patch):
 
     def _install(self, target, config) -> None:
         policy = OptimizerPolicy(config.optimizer)
-        local = threading.local()  # .converting: ids of the modules being converted
+        converting = ThreadStack()  # ids of the modules being converted (outermost call's)
         loading, training, scheduler_init_running = Reentry(), Reentry(), Reentry()
         REGISTRY.clear()
         self.on_undo(REGISTRY.clear)
@@ -111,7 +110,7 @@ class OptimizerRebindPatch(Patch):
             # Only the outermost call of a tree: _apply recurses into the children (and
             # RNNBase._apply calls super()). A module outside the tree being converted (a custom
             # _apply converting some other model) gets its own outermost treatment.
-            covered = getattr(local, "converting", None)
+            covered = converting.top
             if not isinstance(instance, torch.nn.Module) or \
                     (covered is not None and id(instance) in covered):
                 return wrapped(*args, **kwargs)
@@ -121,11 +120,10 @@ class OptimizerRebindPatch(Patch):
                 if tied:
                     args, kwargs = _replace_fn(args, kwargs,
                                                lambda fn: remap.memoize_for(tied, fn))
-            local.converting = {id(m) for m in instance.modules()} | (covered or set())
             try:
-                return wrapped(*args, **kwargs)
+                with converting.pushed({id(m) for m in instance.modules()} | (covered or set())):
+                    return wrapped(*args, **kwargs)
             finally:
-                local.converting = covered
                 after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
                 sync_scheduler_hooks()
 

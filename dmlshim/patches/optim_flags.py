@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from dmlshim import events
+from dmlshim import capabilities, events
 from dmlshim.patching import Patch
 
 FLAGS = ("fused", "capturable")
@@ -44,14 +44,6 @@ def optimizer_classes() -> List[Tuple[type, Tuple[str, ...]]]:
     return found
 
 
-def cpu_has_fused_kernels() -> bool:
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-    except ImportError:
-        return False
-    return "cpu" in _get_fused_kernels_supported_devices()
-
-
 class OptimFlagsPatch(Patch):
     name = "optim_flags"
 
@@ -60,7 +52,7 @@ class OptimFlagsPatch(Patch):
 
     def _install(self, target, config) -> None:
         drop = {"capturable"}
-        if target.kind != "cpu" or not cpu_has_fused_kernels():
+        if not capabilities.of(target, config).has_fused_optimizers():
             drop.add("fused")
         for cls, flags in optimizer_classes():
             dropped = tuple(f for f in flags if f in drop)

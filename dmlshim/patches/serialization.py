@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import threading
 import types
 from typing import Any, Callable, Dict, Optional
 
@@ -37,8 +36,8 @@ import torch
 import torch.serialization as _ser
 import torch.storage as _storage
 
-from dmlshim import devicemap, events
-from dmlshim.patching import Patch, get_original
+from dmlshim import conversions, devicemap, events
+from dmlshim.patching import Patch, ThreadStack, get_original
 
 log = logging.getLogger("dmlshim")
 
@@ -46,7 +45,10 @@ log = logging.getLogger("dmlshim")
 # unique: the registry is a sorted list of (priority, tagger, deserializer) tuples.
 REGISTRY_PRIORITY = 15
 
-_state = threading.local()  # .dest: storage _cdata -> device, while a load runs on DirectML
+# while a torch.load runs in this thread: where its storages go on DirectML (storage _cdata ->
+# device; they are moved after unpickling), and the location rewrites it saw (one event each)
+_DEST = ThreadStack()
+_SEEN = ThreadStack()
 
 
 def _device_index(location: str) -> Optional[int]:
@@ -85,8 +87,8 @@ class SerializationPatch(Patch):
         self._register_location_handler()
         for owner in (torch, _ser):
             self.wrap(owner, "load", self._load)
-        # TypedStorage.cuda delegates to its untyped storage's cuda(), so this covers both.
-        self.wrap(_storage._StorageBase, "cuda", self._storage_cuda)
+        # devices.py wraps Storage.cuda (``lambda s, loc: s.cuda(0)`` map_locations call it)
+        self.on_undo(conversions.add_policy("Storage.cuda", place_storage))
         if self.directml:
             for owner in (torch, _ser):
                 self.wrap(owner, "save", self._save)
@@ -121,7 +123,7 @@ class SerializationPatch(Patch):
             if dev is None:
                 return None
             _note_location(location, dev)
-            dest = getattr(_state, "dest", None)
+            dest = _DEST.top
             if dest is not None and dev.type != "cpu":
                 storage = _untyped(obj)
                 dest[storage._cdata] = dev
@@ -153,25 +155,21 @@ class SerializationPatch(Patch):
         if new_ml is not ml:
             events.redirected("torch.load", ml, new_ml)
         f = args[0] if args else kwargs.get("f")
-        outer_seen = getattr(_state, "seen", None)
-        _state.seen = seen = set()
+        seen: set = set()
         try:
-            if not self.directml or _is_safetensors(f):
-                args, kwargs = _with_ml(args, kwargs, where, new_ml)
-                return wrapped(*args, **kwargs)
-            # DirectML: read every storage to the host, note where each was going, move after.
-            dest: Dict[int, torch.device] = {}
-            restore = self._host_restore(new_ml, dest)
-            outer = getattr(_state, "dest", None)
-            _state.dest = dest
-            args, kwargs = _with_ml(args, kwargs, where, restore)
-            try:
-                result = wrapped(*args, **kwargs)
-            finally:
-                _state.dest = outer
-            return _Mover(dest).move(result) if dest else result
+            with _SEEN.pushed(seen):
+                if not self.directml or _is_safetensors(f):
+                    args, kwargs = _with_ml(args, kwargs, where, new_ml)
+                    return wrapped(*args, **kwargs)
+                # DirectML: read every storage to the host, note where each was going, move
+                # after.
+                dest: Dict[int, torch.device] = {}
+                restore = self._host_restore(new_ml, dest)
+                args, kwargs = _with_ml(args, kwargs, where, restore)
+                with _DEST.pushed(dest):
+                    result = wrapped(*args, **kwargs)
+                return _Mover(dest).move(result) if dest else result
         finally:
-            _state.seen = outer_seen
             for location, dev in sorted(seen, key=str):
                 events.redirected("torch.load", location, dev)
 
@@ -203,20 +201,6 @@ class SerializationPatch(Patch):
 
         return call_user
 
-    def _storage_cuda(self, wrapped, instance, args, kwargs):
-        arg = args[0] if args else kwargs.get("device")
-        index = None if arg is None else devicemap.cuda_index(arg, int_is_cuda=True)
-        if index is False:
-            return wrapped(*args, **kwargs)
-        dev = devicemap.device_for(index)  # type: ignore[arg-type]
-        events.redirected("Storage.cuda", arg if arg is not None else "", dev)
-        dest = getattr(_state, "dest", None)
-        if dest is not None and dev.type != "cpu":  # inside a DirectML load: move afterwards
-            storage = _untyped(instance)
-            dest[storage._cdata] = dev
-            return storage
-        return storage_to_device(instance, dev)
-
     # -- torch.save ------------------------------------------------------------------------
     def _save(self, wrapped, instance, args, kwargs):
         if len(args) >= 3:
@@ -229,9 +213,20 @@ class SerializationPatch(Patch):
         return wrapped(*args, **kwargs)
 
 
+def place_storage(storage: Any, dev: torch.device) -> Any:
+    """``Storage.cuda``'s policy (devices.py wraps it and maps the device): ``storage`` on
+    ``dev``; inside a DirectML load, the host storage, noted to be moved after unpickling."""
+    dest = _DEST.top
+    if dest is not None and dev.type != "cpu":
+        storage = _untyped(storage)
+        dest[storage._cdata] = dev
+        return storage
+    return storage_to_device(storage, dev)
+
+
 def _note_location(location: str, dev: torch.device) -> None:
     """Record a rewritten location once per torch.load call (per storage outside one)."""
-    seen = getattr(_state, "seen", None)
+    seen = _SEEN.top
     if seen is None:
         events.redirected("torch.load", location, dev)
     else:

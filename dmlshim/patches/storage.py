@@ -11,16 +11,31 @@ exist only to look at storage and are called on device tensors by CUDA scripts a
   keeps the module in CPU shared memory).
 * ``is_shared()``: False for a DirectML tensor (its memory is not shared; CUDA answers True).
 
-Everything else that reads storage is handled where it enters: ``torch.save``/``torch.load``
-(serialization), DataLoader pinning (data: pinning is dropped off CUDA), DDP (distributed).
+``share_memory_`` is wrapped by :mod:`dmlshim.patches.devices` (with the other ``.cuda``-like
+paths); this area gives it its policy, :func:`refuses_sharing`. Everything else that reads
+storage is handled where it enters: ``torch.save``/``torch.load`` (serialization), DataLoader
+pinning (data: pinning is dropped off CUDA), DDP (distributed).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from dmlshim import events
+from dmlshim import conversions
 from dmlshim.patching import Patch
+
+
+def refuses_sharing(device_type: str) -> Callable[[torch.Tensor], bool]:
+    """``Tensor.share_memory_``'s policy (devices.py wraps the method): True for a tensor on
+    the DirectML device, whose memory no other process can map; its ``share_memory_()`` is then
+    a no-op returning the tensor, as for a CUDA tensor."""
+
+    def refuses(tensor: torch.Tensor) -> bool:
+        return tensor.device.type == device_type
+
+    return refuses
 
 
 class DeviceStoragePatch(Patch):
@@ -30,19 +45,12 @@ class DeviceStoragePatch(Patch):
         return target.is_directml
 
     def _install(self, target, config) -> None:
-        device_type = target.device_type
-
-        def share_memory_(wrapped, instance, args, kwargs):
-            if instance.device.type == device_type:
-                events.redirected("Tensor.share_memory_", "share_memory_()", "no-op",
-                                  tag="dropped")
-                return instance
-            return wrapped(*args, **kwargs)
+        refuses = refuses_sharing(target.device_type)
+        self.on_undo(conversions.add_policy("Tensor.share_memory_", refuses))
 
         def is_shared(wrapped, instance, args, kwargs):
-            if instance.device.type == device_type:
+            if refuses(instance):  # not shared, and never shareable
                 return False
             return wrapped(*args, **kwargs)
 
-        self.wrap(torch.Tensor, "share_memory_", share_memory_)
         self.wrap(torch.Tensor, "is_shared", is_shared)
