@@ -18,6 +18,7 @@ import torch.utils._device as _torch_device
 
 from dmlshim import conversions, devicemap, events
 from dmlshim.devicemap import map_device
+from dmlshim.patches.oom import reraise as oom_reraise
 from dmlshim.patching import Patch, called_from_torch, get_original
 
 # torch.* factories that take device= but are not in torch's own list of device constructors.
@@ -58,18 +59,70 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
     factory = bool(name)
 
     def wrapper(wrapped, instance, args, kwargs):
-        # torch's own code calls these every step (autograd's ones_like, Adam's
-        # torch.tensor(..., device="cpu")): arguments that cannot be CUDA devices are let
-        # through here, without a call (devicemap.maybe_cuda, inlined).
-        moved = None  # (argument as passed, what it became, keyword): recorded once, below
-        if position is not None and len(args) > position:
-            first = args[position]
+        try:
+            # torch's own code calls these every step (autograd's ones_like, Adam's
+            # torch.tensor(..., device="cpu")): arguments that cannot be CUDA devices are let
+            # through here, without a call (devicemap.maybe_cuda, inlined).
+            moved = None  # (argument as passed, what it became, keyword): recorded once, below
+            if position is not None and len(args) > position:
+                first = args[position]
+                cls = first.__class__
+                if (cls is str and first.startswith("cuda")) or cls is int \
+                        or (cls is _DEVICE and first.type == "cuda"):
+                    new = map_device(first, int_is_cuda=True)
+                    if new is not first:
+                        args = args[:position] + (new,) + args[position + 1:]
+                        moved = (first, new, "")
+            dev = kwargs.get("device")
+            if dev is not None:
+                cls = dev.__class__
+                if (cls is str and dev.startswith("cuda")) or cls is int \
+                        or (cls is _DEVICE and dev.type == "cuda"):
+                    new = map_device(dev, int_is_cuda=True)
+                    if new is not dev:
+                        kwargs["device"] = new
+                        moved = (dev, new, "device")
+                        dev = new
+            rules = conversions.DTYPE_RULES
+            if factory and rules:
+                # the dtype rules, only when the result could have one of their dtypes
+                dtype = kwargs.get("dtype")
+                if dtype is not None:
+                    hit = dtype in rules
+                elif positional_dtype and len(args) > 1:
+                    hit = True
+                elif likes:
+                    hit = bool(args) and getattr(args[0], "dtype", None) in rules
+                elif infers:
+                    hit = not (dev.__class__ is str and dev == "cpu"
+                               or dev.__class__ is _DEVICE and dev.type == "cpu")
+                else:
+                    hit = torch.get_default_dtype() in rules
+                if hit:
+                    return conversions.call_factory(name, wrapped, args, kwargs, moved)
+            if moved is not None:
+                events.redirected(api, moved[0], moved[1], arg=moved[2])
+            return wrapped(*args, **kwargs)
+        except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
+            oom_reraise(exc)
+            raise
+
+    return wrapper
+
+
+def _tensor_to(wrapped, instance, args, kwargs):
+    """``Tensor.to``: the device rule; the dtype and memory-format rules when registered."""
+    try:
+        api = "Tensor.to"
+        moved = None
+        if args:
+            first = args[0]
             cls = first.__class__
             if (cls is str and first.startswith("cuda")) or cls is int \
                     or (cls is _DEVICE and first.type == "cuda"):
                 new = map_device(first, int_is_cuda=True)
                 if new is not first:
-                    args = args[:position] + (new,) + args[position + 1:]
+                    args = (new,) + args[1:]
                     moved = (first, new, "")
         dev = kwargs.get("device")
         if dev is not None:
@@ -80,96 +133,56 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
                 if new is not dev:
                     kwargs["device"] = new
                     moved = (dev, new, "device")
-                    dev = new
         rules = conversions.DTYPE_RULES
-        if factory and rules:
-            # the dtype rules, only when the result could have one of their dtypes
-            dtype = kwargs.get("dtype")
-            if dtype is not None:
-                hit = dtype in rules
-            elif positional_dtype and len(args) > 1:
-                hit = True
-            elif likes:
-                hit = bool(args) and getattr(args[0], "dtype", None) in rules
-            elif infers:
-                hit = not (dev.__class__ is str and dev == "cpu"
-                           or dev.__class__ is _DEVICE and dev.type == "cpu")
-            else:
-                hit = torch.get_default_dtype() in rules
+        if rules or conversions.MEMORY_FORMAT_RULE is not None:
+            hit = instance.dtype in rules or kwargs.get("dtype") in rules \
+                or kwargs.get("memory_format") is not None
+            if not hit:
+                for a in args:
+                    if (a.__class__ is _DTYPE and a in rules) \
+                            or (isinstance(a, torch.Tensor) and a.dtype in rules):
+                        hit = True
+                        break
             if hit:
-                return conversions.call_factory(name, wrapped, args, kwargs, moved)
+                rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
+                if rewritten is not None:
+                    return wrapped(*rewritten[0], **rewritten[1])
         if moved is not None:
             events.redirected(api, moved[0], moved[1], arg=moved[2])
         return wrapped(*args, **kwargs)
-
-    return wrapper
-
-
-def _tensor_to(wrapped, instance, args, kwargs):
-    """``Tensor.to``: the device rule; the dtype and memory-format rules when registered."""
-    api = "Tensor.to"
-    moved = None
-    if args:
-        first = args[0]
-        cls = first.__class__
-        if (cls is str and first.startswith("cuda")) or cls is int \
-                or (cls is _DEVICE and first.type == "cuda"):
-            new = map_device(first, int_is_cuda=True)
-            if new is not first:
-                args = (new,) + args[1:]
-                moved = (first, new, "")
-    dev = kwargs.get("device")
-    if dev is not None:
-        cls = dev.__class__
-        if (cls is str and dev.startswith("cuda")) or cls is int \
-                or (cls is _DEVICE and dev.type == "cuda"):
-            new = map_device(dev, int_is_cuda=True)
-            if new is not dev:
-                kwargs["device"] = new
-                moved = (dev, new, "device")
-    rules = conversions.DTYPE_RULES
-    if rules or conversions.MEMORY_FORMAT_RULE is not None:
-        hit = instance.dtype in rules or kwargs.get("dtype") in rules \
-            or kwargs.get("memory_format") is not None
-        if not hit:
-            for a in args:
-                if (a.__class__ is _DTYPE and a in rules) \
-                        or (isinstance(a, torch.Tensor) and a.dtype in rules):
-                    hit = True
-                    break
-        if hit:
-            rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
-            if rewritten is not None:
-                return wrapped(*rewritten[0], **rewritten[1])
-    if moved is not None:
-        events.redirected(api, moved[0], moved[1], arg=moved[2])
-    return wrapped(*args, **kwargs)
+    except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
+        oom_reraise(exc)
+        raise
 
 
 def _new_method(api: str):
     def wrapper(wrapped, instance, args, kwargs):
-        moved = None
-        dev = kwargs.get("device")
-        if dev is not None:
-            cls = dev.__class__
-            if (cls is str and dev.startswith("cuda")) or cls is int \
-                    or (cls is _DEVICE and dev.type == "cuda"):
-                new = map_device(dev, int_is_cuda=True)
-                if new is not dev:
-                    kwargs["device"] = new
-                    moved = (dev, new, "device")
-                    dev = new
-        dtype = kwargs.get("dtype")
-        new_dtype = None
-        if dtype is not None and dtype in conversions.DTYPE_RULES:
-            new_dtype = conversions.dtype_for(api, dtype, dev if dev is not None else instance.device)
+        try:
+            moved = None
+            dev = kwargs.get("device")
+            if dev is not None:
+                cls = dev.__class__
+                if (cls is str and dev.startswith("cuda")) or cls is int \
+                        or (cls is _DEVICE and dev.type == "cuda"):
+                    new = map_device(dev, int_is_cuda=True)
+                    if new is not dev:
+                        kwargs["device"] = new
+                        moved = (dev, new, "device")
+                        dev = new
+            dtype = kwargs.get("dtype")
+            new_dtype = None
+            if dtype is not None and dtype in conversions.DTYPE_RULES:
+                new_dtype = conversions.dtype_for(api, dtype, dev if dev is not None else instance.device)
+                if new_dtype is not None:
+                    kwargs = dict(kwargs, dtype=new_dtype)
             if new_dtype is not None:
-                kwargs = dict(kwargs, dtype=new_dtype)
-        if new_dtype is not None:
-            conversions.record(api, moved, (dtype, new_dtype))
-        elif moved is not None:
-            events.redirected(api, moved[0], moved[1], arg=moved[2])
-        return wrapped(*args, **kwargs)
+                conversions.record(api, moved, (dtype, new_dtype))
+            elif moved is not None:
+                events.redirected(api, moved[0], moved[1], arg=moved[2])
+            return wrapped(*args, **kwargs)
+        except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
+            oom_reraise(exc)
+            raise
 
     return wrapper
 
@@ -187,30 +200,34 @@ def _cuda_method(api: str, move: Optional[Callable[..., Any]] = None, tensor: bo
     """
 
     def wrapper(wrapped, instance, args, kwargs):
-        carry = move
-        if policy:
-            carry = conversions.POLICIES.get(policy)
-            if carry is None:
-                return wrapped(*args, **kwargs)
-        arg = args[0] if args else kwargs.get("device")
-        if arg is None:
-            dev = map_device("cuda")
-        else:
-            dev = map_device(arg, int_is_cuda=True)
-            if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
-                return wrapped(*args, **kwargs)
-        shown = arg if arg is not None else ""
-        if not tensor:
-            events.redirected(api, shown, dev)
-            return carry(instance, dev)  # type: ignore[misc]
-        dtype = instance.dtype
-        memory_format = kwargs.get("memory_format", _PRESERVE)
-        if dtype in conversions.DTYPE_RULES or memory_format is not _PRESERVE:
-            dtype, memory_format = _tensor_rules(api, (shown, dev, ""), dtype, dev, memory_format)
-        else:
-            events.redirected(api, shown, dev)
-        return carry(instance, dev, dtype,  # type: ignore[misc]
-                     non_blocking=kwargs.get("non_blocking", False), memory_format=memory_format)
+        try:
+            carry = move
+            if policy:
+                carry = conversions.POLICIES.get(policy)
+                if carry is None:
+                    return wrapped(*args, **kwargs)
+            arg = args[0] if args else kwargs.get("device")
+            if arg is None:
+                dev = map_device("cuda")
+            else:
+                dev = map_device(arg, int_is_cuda=True)
+                if dev is arg:  # e.g. x.cuda("cpu"): let torch raise its own error
+                    return wrapped(*args, **kwargs)
+            shown = arg if arg is not None else ""
+            if not tensor:
+                events.redirected(api, shown, dev)
+                return carry(instance, dev)  # type: ignore[misc]
+            dtype = instance.dtype
+            memory_format = kwargs.get("memory_format", _PRESERVE)
+            if dtype in conversions.DTYPE_RULES or memory_format is not _PRESERVE:
+                dtype, memory_format = _tensor_rules(api, (shown, dev, ""), dtype, dev, memory_format)
+            else:
+                events.redirected(api, shown, dev)
+            return carry(instance, dev, dtype,  # type: ignore[misc]
+                         non_blocking=kwargs.get("non_blocking", False), memory_format=memory_format)
+        except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
+            oom_reraise(exc)
+            raise
 
     return wrapper
 
@@ -235,15 +252,19 @@ def _tensor_type(t_to: Any):
     means the current CUDA device and that dtype; any other argument is torch's."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        arg = args[0] if args else kwargs.get("dtype")
-        policy = conversions.POLICIES.get("Tensor.type")
-        dtype = policy(arg) if policy is not None and arg is not None else None
-        if dtype is None:
-            return wrapped(*args, **kwargs)
-        dev = map_device("cuda")
-        dtype, _ = _tensor_rules("Tensor.type", (arg, dev, ""), dtype, dev, _PRESERVE)
-        return t_to(instance, device=dev, dtype=dtype,
-                    non_blocking=kwargs.get("non_blocking", False))
+        try:
+            arg = args[0] if args else kwargs.get("dtype")
+            policy = conversions.POLICIES.get("Tensor.type")
+            dtype = policy(arg) if policy is not None and arg is not None else None
+            if dtype is None:
+                return wrapped(*args, **kwargs)
+            dev = map_device("cuda")
+            dtype, _ = _tensor_rules("Tensor.type", (arg, dev, ""), dtype, dev, _PRESERVE)
+            return t_to(instance, device=dev, dtype=dtype,
+                        non_blocking=kwargs.get("non_blocking", False))
+        except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
+            oom_reraise(exc)
+            raise
 
     return wrapper
 
@@ -260,12 +281,16 @@ def _share_memory(wrapped, instance, args, kwargs):
 
 def _dtype_method(api: str, dtype: torch.dtype, t_to: Any):
     def wrapper(wrapped, instance, args, kwargs):
-        if dtype in conversions.DTYPE_RULES:
-            new = conversions.dtype_for(api, dtype, instance.device)
-            if new is not None:
-                conversions.record(api, None, (dtype, new))
-                return t_to(instance, new, copy=True, **kwargs)
-        return wrapped(*args, **kwargs)
+        try:
+            if dtype in conversions.DTYPE_RULES:
+                new = conversions.dtype_for(api, dtype, instance.device)
+                if new is not None:
+                    conversions.record(api, None, (dtype, new))
+                    return t_to(instance, new, copy=True, **kwargs)
+            return wrapped(*args, **kwargs)
+        except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
+            oom_reraise(exc)
+            raise
 
     return wrapper
 
