@@ -18,7 +18,9 @@ ENV_PREFIX = "DMLSHIM_"
 
 # Emulator fidelity switches (see dmlshim/emulator). The gaps are on by default (under "all");
 # bug-bn-stats is opt-in (0.2.5 does not have it); bug-ce-none/bug-mul-bool are the old names of
-# nll-none-backward/mul-bool.
+# nll-none-backward/mul-bool. The emulator has the same table (emulator/_state.py: it imports
+# nothing of the product, and this one is read before torch is imported);
+# tests/test_import_boundaries.py checks that the two agree.
 EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye",
                  "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
                  "channels-last", "layer-norm-nobias", "storage", "inference-mode", "bfloat16")

@@ -151,3 +151,14 @@ def test_only_the_kind_owners_compare_kind_strings():
     assert scanned > 20
     assert not bad, ("ask dmlshim.capabilities instead of comparing target kinds:\n"
                      + "\n".join(bad))
+
+
+def test_the_options_table_and_the_emulator_name_the_same_switches():
+    """The emulator keeps its own switch table (it imports nothing of the product) and the
+    options table validates DMLSHIM_EMULATOR_GAPS before torch is imported (the runner), so the
+    names are written in both; this is the check that they are the same names."""
+    from dmlshim import config
+    from dmlshim.emulator import _state
+
+    assert config.EMULATOR_GAPS == _state.GAPS
+    assert set(config.EMULATOR_BUGS) == set(_state.BUGS) | set(_state.ALIASES)
