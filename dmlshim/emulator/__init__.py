@@ -1,100 +1,21 @@
-"""An emulated DirectML device: torch-directml 0.2.5's ``privateuseone:N`` on the CPU.
+"""An emulated DirectML device: torch-directml 0.2.5's ``privateuseone:N``, computed on the CPU.
 
-``register()`` adds a PrivateUse1 backend named ``privateuseone`` (the name torch-directml
-keeps) whose tensors report ``device.type == "privateuseone"`` and index N, carry the
-PrivateUse1 dispatch key, and keep their data in CPU tensors. Every operator runs the CPU
-kernel, so results are bit-identical to the CPU wherever PyTorch takes the same code path
-for both devices. This lets dmlshim be tested in-process on machines without DirectML.
+A test device, standalone: it imports nothing of dmlshim outside ``emulator/`` except the
+shared kernel formulas (``dmlshim.formulas``). What it reproduces of the real wheel, and the
+fidelity switches, are in the README ("The DirectML emulator"); each switch's behaviour is
+modelled where it acts (``_ops.py`` wrong results, ``_fallback.py``/``_policy.py`` the CPU
+fallback and the dispatcher model, ``_tensor.py`` storage/inference-mode/bfloat16).
 
-What is always faithful (not switchable)
-    * Parameters are replaced, not updated in place, by ``model.to(dev)`` / ``model.cpu()``:
-      PrivateUse1 tensors are not shallow-copy compatible with CPU ones (c10 TensorImpl's
-      dense allow-list), so an optimizer built before ``.to(dev)`` keeps stepping dead
-      tensors. (Not a traceable wrapper subclass: no ``__tensor_flatten__``.)
-    * PyTorch's device-dependent paths: optimizers default to ``foreach`` (the tensor type
-      is added to ``torch.optim``'s foreach-capable types); dropout uses ``native_dropout``;
-      LSTM uses ``_thnn_fused_lstm_cell``; convolution/BatchNorm/etc. are the CPU kernels.
-    * Mixing a device tensor with a non-scalar CPU tensor (or another adapter's tensor)
-      raises "Expected all tensors to be on the same device, ...", as on CUDA.
-    * Random numbers come from the CPU default generator, as with torch-directml.
+Ordering constraint for callers: PyTorch's autograd engine sizes its device queues once, at
+the first backward() of the process, so :func:`register` (or :func:`install_device_guard`) must
+run before any backward(), else backward() on the device fails with an INTERNAL ASSERT about
+``device_ready_queues_`` (:func:`autograd_ready` tells).
 
-Fidelity switches (``register(switches=...)`` / ``set_switches``); every gap (``GAPS``) is on
-by default, ``bug-bn-stats`` is opt-in (``bug-ce-none`` and ``bug-mul-bool`` are accepted as the
-old names of ``nll-none-backward`` and ``mul-bool``):
-
-================  ==============================================================================
-``fallback``      Operators torch-directml 0.2.5 has no kernel for run on the CPU, are counted
-                  (``fallback_counts()``) and warn with the exact text of torch-directml
-                  (how often: ``fallback-warn-once``). Which operators: see ``_fallback.py`` (the table
-                  of reported ops with their issue numbers and what 0.2.5 does) and
-                  ``_policy.py`` (the model of the dispatcher: 0.2.5's real kernel list,
-                  structured out= routing, PyTorch's composites). E.g. Adam reports
-                  ``aten::lerp.Scalar_out`` (#675), LSTM ``aten::_thnn_fused_lstm_cell`` and then
-                  raises NotImplementedError (#654, #677: no CPU kernel either), group norm
-                  backward ``aten::native_group_norm_backward`` (#678). Off: no counting,
-                  no warning, and the ops without a CPU kernel (the fused LSTM cell) work.
-``float64``       Creating or computing a float64 tensor on the device raises
-                  ``RuntimeError("The GPU device does not support Double (Float64)
-                  operations!")`` (#430, #438, #699), as on adapters without float64. This
-                  includes printing a floating-point tensor, which converts to double on the
-                  device (#430, #396); ``.item()``, ``.tolist()``, ``.cpu()`` work.
-``autocast``      torch-directml 0.2.5 on torch 2.4.1: ``torch.autocast("privateuseone")`` is
-                  accepted (float16 is its one "supported" dtype; bfloat16 warns and disables
-                  itself), then the first operator on a device tensor inside the region raises
-                  ``NotImplementedError: Could not run 'aten::...' with arguments from the
-                  'AutocastPrivateUse1' backend`` (no kernel or fallthrough is registered for that
-                  key by torch or torch-directml; #454's "must be 'cuda' or 'cpu'" was torch
-                  1.13's answer). Off: autocast works like CUDA's (float16 matmul/conv/linear,
-                  float32 losses/softmax/norms, everything else passes through).
-``generator``     torch-directml 0.2.5: ``torch.Generator(device="privateuseone")`` returns a
-                  CPU generator (``g.device.type == "cpu"``; older releases raised, #374;
-                  seeding "the device" has no effect of its own, #587). Off: the generator
-                  reports ``privateuseone:N``.
-``storage``       Device tensors have no storage, as torch-directml's OpaqueTensorImpls:
-                  ``untyped_storage()``/``storage()`` raise ``NotImplementedError: Cannot access
-                  storage of OpaqueTensorImpl``, C++ storage reads (DDP's Reducer) raise the same
-                  message, ``torch._C._has_storage`` is False. Needs the C++ guard extension.
-``inference-mode`` Inside ``torch.inference_mode()`` every op on a device tensor made outside
-                  the region raises "Cannot set version_counter for inference tensor".
-``bfloat16``      A bfloat16 tensor reaching the device prints torch-directml's
-                  ``dml_util.cc:118 Invalid or unsupported data type BFloat16`` and aborts.
-``fallback-warn-once``  the fallback warning fires once per process in total (one
-                  ``TORCH_WARN_ONCE`` site for every op), every time under
-                  ``torch.set_warn_always(True)``; off: once per operator.
-``eye``           ``torch.eye`` on the device comes back with shape ``(0,)`` (#431).
-``mul-bool``      float tensor times bool tensor gives bool, any order, ``*=`` too (#686, #737).
-``nll-none-backward``  ``nll_loss``/``cross_entropy(reduction="none")`` backward uses
-                  ``grad_output[0]`` for every row (#739, #740).
-``masked-fill-uint8``  ``masked_fill`` accepts a uint8 mask (#702).
-``reflect-pad``   ``F.pad(mode="reflect")`` swaps the height and width padding.
-``channels-last`` ``.to(memory_format=torch.channels_last)`` is refused.
-``layer-norm-nobias``  the layer-norm backward without a bias raises the wheel's errors.
-``bug-bn-stats``  BatchNorm running statistics are not updated in training (#362; opt-in, not
-                  reproduced by 0.2.5).
-================  ==============================================================================
-
-The wrong results are modelled in ``_ops.py``; all were observed on the real wheel. Not
-reproduced: copies between two adapters giving zeros (#443), float64 computed at float32
-precision on adapters that accept it (#398), ``tensor.new()`` (#400), checkpoint location tags
-(#196, #466): emulated tensors are saved as CPU data plus the device string.
-
-Autograd needs a PrivateUse1 device guard, and PyTorch's autograd engine sizes its device
-queues once, at the first backward() of the process: register the emulator (or call
-:func:`install_device_guard`) before any backward() runs, else backward() on the device fails
-with an INTERNAL ASSERT about ``device_ready_queues_`` (:func:`autograd_ready` tells). The
-guard is a small C++ one (``_guard.cpp``), built once with ``torch.utils.cpp_extension`` (g++
-and ninja; cached in the torch extensions directory, ``TORCH_EXTENSIONS_DIR``) on every torch:
-torch < 2.5 has no Python guard, and PyTorch's private Python guard on newer torch reports one
-device, so backward() would work on ``privateuseone:0`` only. Without a compiler on torch >= 2.5
-the Python guard is used, and ``register(count > 1)`` refuses.
-
-Kernel hook: a kernel registered for the ``PrivateUse1`` dispatch key through
-``torch.library`` (or with :func:`register_device_kernel`) runs instead of the emulator's
-CPU path and is never counted as a fallback, as a registered kernel takes the operator off
-torch-directml's CPU fallback. Register the name the op reaches the device with (e.g.
-``"lerp.Scalar"`` and ``"lerp_.Scalar"``) or the out= variant that torch-directml names in its
-warning (``"lerp.Scalar_out"``): the functional and in-place forms of structured ops route
-through their out= kernel, as in PyTorch.
+A kernel registered for ``PrivateUse1`` through ``torch.library`` (or
+:func:`register_device_kernel`) runs instead of the emulator's CPU path and is not counted as
+a fallback, as on real DirectML; register the name the op reaches the device with (e.g.
+``"lerp.Scalar"`` and ``"lerp_.Scalar"``) or the out= variant torch-directml names in its
+warning (``"lerp.Scalar_out"``): structured ops route through their out= kernel.
 """
 
 from __future__ import annotations
