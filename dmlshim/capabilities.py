@@ -69,9 +69,21 @@ class Capabilities:
     def empty_cache(self) -> None:
         pass
 
+    #: every CUDA ordinal is the one CPU device (the device map has a single entry)
+    redirects_to_cpu = True
+    #: the device is dmlshim's emulator (which registers itself at install)
+    emulated = False
+    #: the torch_directml wheel must be importable (here and in child processes)
+    needs_torch_directml = False
+
+    def exact_fallback_counts(self) -> Any:
+        """``{op: calls}`` of CPU fallbacks counted exactly, or None (warnings are counted)."""
+        return None
+
 
 class Cuda(Capabilities):
     kind = "cuda"
+    redirects_to_cpu = False
 
 
 class DirectML(Capabilities):
@@ -122,6 +134,9 @@ class DirectML(Capabilities):
         except Exception:  # noqa: BLE001
             pass
 
+    redirects_to_cpu = False
+    needs_torch_directml = True
+
 
 class EmulatedDirectML(Capabilities):
     kind = "emulated-dml"
@@ -163,6 +178,14 @@ class EmulatedDirectML(Capabilities):
 
     def processor_count(self, index: int) -> int:
         return 1
+
+    redirects_to_cpu = False
+    emulated = True
+
+    def exact_fallback_counts(self) -> Any:
+        from dmlshim import emulator
+
+        return emulator.fallback_counts()
 
 
 _BY_KIND = {c.kind: c for c in (Capabilities, Cuda, DirectML, EmulatedDirectML)}

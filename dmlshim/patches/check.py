@@ -40,19 +40,9 @@ from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
 
-_active: Optional[CheckPatch] = None
-_fork_hook_registered = False
-
 
 def steps_requested(value: str) -> int:
     return 0 if value == "off" else int(value)
-
-
-def _after_fork_in_child() -> None:
-    # A forked child (a DataLoader worker) is not the training loop: it stops shadowing and
-    # reports nothing of the parent's.
-    if _active is not None and _active.installed:
-        _active._forked()
 
 
 class CheckPatch(Patch):
@@ -62,7 +52,6 @@ class CheckPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
-        global _active, _fork_hook_registered
         results.reset()
         results.steps_requested = steps_requested(config.check)
         self._mode: Optional[ShadowMode] = None
@@ -77,17 +66,6 @@ class CheckPatch(Patch):
             self._start(target.device_type)
             self.on_undo(self._stop)
             self._children_off()
-        _active = self
-
-        def forget() -> None:
-            global _active
-            if _active is self:
-                _active = None
-
-        self.on_undo(forget)
-        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)  # cannot be unregistered
-            _fork_hook_registered = True
 
     def _children_off(self) -> None:
         """The check is for this process: child processes (spawned DataLoader workers, which
@@ -187,7 +165,9 @@ class CheckPatch(Patch):
         log.info("check: shadowed %d optimizer step(s): %d ops compared, %d differed from the "
                  "CPU", results.steps_shadowed, results.ops_compared, sum(results.counts.values()))
 
-    def _forked(self) -> None:
+    def after_fork(self) -> None:
+        """A forked child (a DataLoader worker) is not the training loop: it stops shadowing
+        and reports nothing of the parent's (the session's fork hook calls this)."""
         if self._mode is not None:
             self._mode.paused = True
         requested = results.steps_requested
