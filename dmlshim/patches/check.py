@@ -33,7 +33,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from dmlshim.check import grads
-from dmlshim.check.results import results
+from dmlshim.check.results import Results
 from dmlshim.check.shadow import ShadowMode
 from dmlshim.patches import diagnostics
 from dmlshim.patching import Patch
@@ -52,7 +52,7 @@ class CheckPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
-        results.reset()
+        self.results = results = Results()  # the installation's findings
         results.steps_requested = steps_requested(config.check)
         self._mode: Optional[ShadowMode] = None
         self._anomaly: Tuple[bool, bool] = (False, True)
@@ -85,7 +85,7 @@ class CheckPatch(Patch):
         self.on_undo(restore)
 
     def _section(self) -> Tuple[Any, List[str]]:
-        return results.section(), results.attention_lines()
+        return self.results.section(), self.results.attention_lines()
 
     # -- around each optimizer step, while there is something to do ----------------------------
 
@@ -110,8 +110,8 @@ class CheckPatch(Patch):
         mode = self._mode
         if mode is not None:
             mode.in_optimizer = False
-            results.steps_shadowed = mode.step
-            if mode.step >= results.steps_requested:
+            self.results.steps_shadowed = mode.step
+            if mode.step >= self.results.steps_requested:
                 self._stop()
             else:
                 mode.step += 1
@@ -119,7 +119,7 @@ class CheckPatch(Patch):
             self._remove_hook()  # nothing of the check runs from here on
 
     def _check_gradients(self, optimizer) -> None:
-        results.gradients_checked += 1
+        self.results.gradients_checked += 1
         mode = self._mode
         if mode is not None:
             mode.paused = True  # our own reads of .grad are not the script's ops
@@ -132,7 +132,7 @@ class CheckPatch(Patch):
             if mode is not None:
                 mode.paused = False
         if verdict is not None:
-            results.gradient_verdict(verdict)
+            self.results.gradient_verdict(verdict)
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
@@ -142,20 +142,20 @@ class CheckPatch(Patch):
     # -- the shadow --------------------------------------------------------------------------
 
     def _start(self, device_type: str) -> None:
-        mode = ShadowMode(device_type, results)
+        mode = ShadowMode(device_type, self.results)
         self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
         torch.set_anomaly_enabled(True, False)  # forward stacks on autograd nodes; no NaN checks
         mode.__enter__()
         self._mode = mode
-        results.shadowing = True
+        self.results.shadowing = True
         log.info("check: shadowing the first %d optimizer step(s) on the CPU",
-                 results.steps_requested)
+                 self.results.steps_requested)
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
         if mode is None:
             return
-        results.shadowing = False
+        self.results.shadowing = False
         if _get_current_dispatch_mode() is mode:
             mode.__exit__(None, None, None)
         else:  # someone entered a mode after ours: leave the stack alone, stop comparing
@@ -163,13 +163,14 @@ class CheckPatch(Patch):
             log.debug("check: another dispatch mode is above the shadow; it stays, passive")
         torch.set_anomaly_enabled(*self._anomaly)
         log.info("check: shadowed %d optimizer step(s): %d ops compared, %d differed from the "
-                 "CPU", results.steps_shadowed, results.ops_compared, sum(results.counts.values()))
+                 "CPU", self.results.steps_shadowed, self.results.ops_compared,
+                 sum(self.results.counts.values()))
 
     def after_fork(self) -> None:
         """A forked child (a DataLoader worker) is not the training loop: it stops shadowing
         and reports nothing of the parent's (the session's fork hook calls this)."""
         if self._mode is not None:
             self._mode.paused = True
-        requested = results.steps_requested
-        results.reset()
-        results.steps_requested = requested
+        requested = self.results.steps_requested
+        self.results.reset()
+        self.results.steps_requested = requested
