@@ -280,12 +280,15 @@ def uninstall() -> None:
     installation's records (events, device map, rebind registry) are dropped."""
     global _shim
     with _lock:
-        shim, _shim = _shim, None
+        shim = _shim
         if shim is None:
             return
-        if shim.patches is not None:
-            shim.patches.uninstall()
-        _deactivate(shim)
+        try:
+            if shim.patches is not None:
+                shim.patches.uninstall()  # undo steps still see the session
+        finally:
+            _shim = None
+            _deactivate(shim)
 
 
 def is_installed() -> bool:
@@ -302,5 +305,5 @@ def installed_patches() -> List[str]:
     return [p.name for p in _shim.patches.patches if p.installed]
 
 
-__all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed", "current_target", "get_original",
-           "TargetError", "installed_patches"]
+__all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed",
+           "current_target", "get_original", "TargetError", "installed_patches"]

@@ -16,7 +16,8 @@ The check is for the process that asked for it: children (spawned DataLoader wor
 subprocesses) get ``DMLSHIM_CHECK=off``; forked ones stop shadowing.
 
 Findings go to the exit summary's "needs attention" block, the ``dmlshim`` logger (at once,
-when found) and the report's ``check`` section (registered with the diagnostics patch).
+when found) and the report's ``check`` section (:meth:`CheckPatch.report_section`, which the
+diagnostics patch asks).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from dmlshim.check import grads
 from dmlshim.check.results import Results
 from dmlshim.check.shadow import ShadowMode
-from dmlshim.patches import diagnostics
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
@@ -60,8 +60,6 @@ class CheckPatch(Patch):
         self._grad_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         self._hook: Any = register_optimizer_step_pre_hook(self._before_step)
         self.on_undo(self._remove_hook)
-        diagnostics.SECTIONS["check"] = self._section
-        self.on_undo(lambda: diagnostics.SECTIONS.pop("check", None))
         if results.steps_requested:
             self._start(target.device_type)
             self.on_undo(self._stop)
@@ -84,7 +82,8 @@ class CheckPatch(Patch):
 
         self.on_undo(restore)
 
-    def _section(self) -> Tuple[Any, List[str]]:
+    def report_section(self) -> Tuple[Any, List[str]]:
+        """The report's ``check`` section and its "needs attention" lines (diagnostics asks)."""
         return self.results.section(), self.results.attention_lines()
 
     # -- around each optimizer step, while there is something to do ----------------------------

@@ -41,7 +41,7 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from dmlshim import capabilities, events
 from dmlshim.patching import Patch
@@ -64,9 +64,8 @@ ATTENTION_NOTES = {
                         "DMLSHIM_OPTIMIZER or build the optimizer after model.to(...)"),
 }
 
-# Report sections other patches add (dmlshim.patches.check: "check"): name -> a function
-# returning (the section, lines for the "needs attention" block).
-SECTIONS: Dict[str, Callable[[], Tuple[Any, List[str]]]] = {}
+# Other patches add a report section of their own name by defining ``report_section()``,
+# returning (the section, lines for the "needs attention" block): dmlshim.patches.check.
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -303,9 +302,12 @@ class DiagnosticsPatch(Patch):
         fallbacks, counting = fallback_counts(capabilities.of(target, config))
         attention = attention_messages(recorded, fallbacks, counting)
         sections: Dict[str, Any] = {}
-        for section_name, section_fn in list(SECTIONS.items()):
-            sections[section_name], lines = section_fn()
-            attention.extend(lines)
+        shim = api.session()
+        for patch in shim.patches.patches if shim is not None and shim.patches else ():
+            section_fn = getattr(patch, "report_section", None)
+            if section_fn is not None and patch.installed:
+                sections[patch.name], lines = section_fn()
+                attention.extend(lines)
         owner = os.getpid() == self._owner_pid
         outcome_code = self._exit_code if self._exit_code is not None else (
             0 if self._how == "finished" else None)
