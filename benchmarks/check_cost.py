@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from common import emit, header  # noqa: E402
 
 import dmlshim  # noqa: E402
-from dmlshim.check.results import results  # noqa: E402
+from dmlshim import api  # noqa: E402
 
 
 def main() -> None:
@@ -45,6 +45,7 @@ def main() -> None:
 
     def block(check: str) -> tuple:
         dmlshim.install(device=a.device, check=check)
+        results = api.session().patch("check").results  # the installation's findings
         try:
             torch.manual_seed(0)
             model = (models.mlp() if a.model == "mlp" else models.SmallCNN()).cuda()

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
+import os
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from dmlshim import config as _config
 from dmlshim.patching import Patch, PatchSet
 from dmlshim.patching import get_original as get_original  # re-export
 from dmlshim.target import Target, TargetError
+
+if TYPE_CHECKING:
+    from dmlshim.childenv import ChildEnvironment
 
 log = logging.getLogger("dmlshim")
 
@@ -44,35 +49,96 @@ PATCH_MODULES = (
 )
 
 #: What uninstall() cannot undo: (owner, attribute, why). Everything else install() changes on
-#: torch comes back as the very same object (tests/test_uninstall.py compares every attribute).
-#: Submodules that install() imports stay imported (a new module attribute of their parent).
+#: torch comes back as the very same object (tests/test_uninstall.py compares every attribute),
+#: and every record of the installation goes with its :class:`Shim`. Submodules that install()
+#: imports stay imported (a new module attribute of their parent).
 PERMANENT = (
     ("torch", "privateuseone", "emulated-dml: the PrivateUse1 backend's device module; torch "
      "cannot unregister a backend once registered"),
+    ("os", "register_at_fork", "one after-fork hook per process (api._after_fork_in_child), "
+     "registered at the first install; os cannot unregister it, and with no session it does "
+     "nothing"),
+    ("atexit", "register", "one exit hook per process (api._at_exit), registered at the first "
+     "install; atexit.unregister leaves a slot behind each time, and with no session it does "
+     "nothing"),
 )
+
 
 @dataclass
 class Shim:
     """One installation: built by install(), dropped by uninstall().
 
-    ``patches`` is None for an inert target (real CUDA found by ``auto``: nothing installed).
+    It holds every record the shim keeps (patches reach it through :func:`session`), so
+    uninstall() leaves nothing behind but :data:`PERMANENT`. ``patches`` and ``devices`` are
+    None for an inert target (real CUDA found by ``auto``: nothing installed).
     """
 
     target: Target
     config: _config.Config
+    capabilities: Any  # dmlshim.capabilities.Capabilities of the target
+    events: Any  # dmlshim.events.EventLog: what the shim changed, for the log and the report
+    devices: Any = None  # dmlshim.devicemap.DeviceMap: CUDA ordinals -> target devices
+    rebind: Any = None  # dmlshim.rebind.registry.Registry: optimizers, schedulers, loaders
     patches: Optional[PatchSet] = None
+    # the environment children inherit (set by the processes patch while it is installed)
+    child_environment: Optional[ChildEnvironment] = None
     # torch.Generator as it was before install() routed it for the emulator (None: not routed)
     generator_before: Optional[type] = None
+    dtensor_guard: Any = None  # dmlshim.dtensor_import.AllowListGuard on sys.meta_path
+    # peak of memory_allocated per ordinal, where the target keeps none itself (the CPU)
+    memory_peaks: Dict[int, int] = field(default_factory=dict)
 
-    @property
-    def capabilities(self) -> Any:
-        from dmlshim import capabilities
+    def _installed_patches(self) -> List[Patch]:
+        return [p for p in self.patches.patches if p.installed] if self.patches else []
 
-        return capabilities.of(self.target, self.config)
+    def patch(self, name: str) -> Optional[Patch]:
+        """The installed patch called ``name`` (None if it is not installed)."""
+        for p in self._installed_patches():
+            if p.name == name:
+                return p
+        return None
+
+    def after_fork(self) -> None:
+        """In a forked child: fresh records, then each installed patch's ``after_fork``."""
+        self.events.after_fork()
+        for patch in self._installed_patches():
+            hook = getattr(patch, "after_fork", None)
+            if hook is not None:
+                hook()
+
+    def at_exit(self) -> None:
+        """At interpreter exit: each installed patch's ``at_exit`` (the diagnostics summary)."""
+        for patch in reversed(self._installed_patches()):
+            hook = getattr(patch, "at_exit", None)
+            if hook is not None:
+                hook()
 
 
 _lock = threading.RLock()
 _shim: Optional[Shim] = None
+_process_hooks = False  # the fork and exit hooks are registered (see PERMANENT)
+
+
+def _after_fork_in_child() -> None:
+    shim = _shim
+    if shim is not None:
+        shim.after_fork()
+
+
+def _at_exit() -> None:
+    shim = _shim
+    if shim is not None:
+        shim.at_exit()
+
+
+def _register_process_hooks() -> None:
+    global _process_hooks
+    if _process_hooks:
+        return
+    _process_hooks = True
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    atexit.register(_at_exit)
 
 
 def __getattr__(name: str) -> Any:
@@ -83,7 +149,8 @@ def __getattr__(name: str) -> Any:
 
 
 def session() -> Optional[Shim]:
-    """The installation in force (None when not installed)."""
+    """The installation in force (None when not installed; during install() the one being
+    built, so patches see it while they install)."""
     return _shim
 
 
@@ -137,65 +204,91 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
         cfg = _config if _config is not None else cfgmod.load(options, source="install()")
         if _shim is not None and _shim.patches is not None and _same_options(_shim.config, cfg):
             return _shim.target
-        if _shim is not None and _shim.patches is not None:
+        if _shim is not None:
             uninstall()
         _setup_logging(cfg.log)
-        from dmlshim import devicemap, events, target
+        from dmlshim import capabilities, events, target
 
         tgt = target.resolve(cfg.device)
-        cfgmod.set_current(cfg)
-        events.configure(trace=cfg.log in ("info", "debug") or bool(cfg.report))
+        caps = capabilities.of(tgt, cfg)
+        shim = Shim(tgt, cfg, caps, events.EventLog(
+            trace=cfg.log in ("info", "debug") or bool(cfg.report)))
+        events.attach(shim.events)
+        _shim = shim
         if tgt.inert:
-            _shim = Shim(tgt, cfg)
             log.info("%s", tgt.reason)
             return tgt
-        generator_before = None
-        if tgt.kind == "emulated-dml":
-            import torch
-
-            from dmlshim import dtensor_import, emulator
-            from dmlshim.emulator import _compat
-
-            before = torch.Generator
-            emulator.register(tgt.count, cfg.emulator_switches())  # routes torch.Generator
-            if torch.Generator is not before:
-                generator_before = before
-            _compat.fix_parameter_instancecheck()
-            dtensor_import.install()  # the weights_only allow-list stays torch's
-        elif tgt.kind == "dml":
-            target.import_torch_directml()
-        devicemap.activate(tgt)
-        patches = _load_patches()
         try:
+            _activate(shim)
+            patches = _load_patches()
             names = patches.install(tgt, cfg)
         except BaseException:
-            devicemap.deactivate()
-            cfgmod.set_current(None)
+            _deactivate(shim)
+            _shim = None
             raise
-        _shim = Shim(tgt, cfg, patches, generator_before)
+        shim.patches = patches
+        _register_process_hooks()
         log.info("target %s (%s); patches: %s", tgt.kind, tgt.reason, ", ".join(names))
         return tgt
 
 
-def uninstall() -> None:
-    """Remove every patch; every patched attribute is the original object again."""
-    global _shim
-    from dmlshim import config as cfgmod
+def _activate(shim: Shim) -> None:
+    """The session's state outside the patches: the device, its map, the rebind registry."""
     from dmlshim import devicemap
+    from dmlshim.rebind.registry import Registry
 
-    with _lock:
-        if _shim is not None and _shim.patches is not None:
-            _shim.patches.uninstall()
-        if _shim is not None and _shim.generator_before is not None:
-            import torch
+    if shim.capabilities.emulated:
+        import torch
 
-            torch.Generator = _shim.generator_before  # type: ignore[misc]
-        _shim = None
-        from dmlshim import dtensor_import
+        from dmlshim import dtensor_import, emulator
+        from dmlshim.emulator import _compat
 
-        dtensor_import.uninstall()
+        before = torch.Generator
+        emulator.register(shim.target.count, shim.config.emulator_switches())  # routes Generator
+        if torch.Generator is not before:
+            shim.generator_before = before
+        _compat.fix_parameter_instancecheck()
+        shim.dtensor_guard = dtensor_import.install()  # the weights_only allow-list stays torch's
+    elif shim.capabilities.needs_torch_directml:
+        from dmlshim import target
+
+        target.import_torch_directml()
+    shim.devices = devicemap.DeviceMap(shim.target, shim.capabilities)
+    devicemap.activate(shim.devices)
+    shim.rebind = Registry()
+
+
+def _deactivate(shim: Shim) -> None:
+    from dmlshim import devicemap, events
+
+    if shim.generator_before is not None:
+        import torch
+
+        torch.Generator = shim.generator_before  # type: ignore[misc]
+        shim.generator_before = None
+    if shim.dtensor_guard is not None:
+        shim.dtensor_guard.remove()
+        shim.dtensor_guard = None
+    if devicemap.active() is shim.devices:
         devicemap.deactivate()
-        cfgmod.set_current(None)
+    if events.current_log() is shim.events:
+        events.detach()
+
+
+def uninstall() -> None:
+    """Remove every patch; every patched attribute is the original object again, and the
+    installation's records (events, device map, rebind registry) are dropped."""
+    global _shim
+    with _lock:
+        shim = _shim
+        if shim is None:
+            return
+        try:
+            if shim.patches is not None:
+                shim.patches.uninstall()  # undo steps still see the session
+        finally:
+            _shim = None
+            _deactivate(shim)
 
 
 def is_installed() -> bool:
@@ -212,5 +305,5 @@ def installed_patches() -> List[str]:
     return [p.name for p in _shim.patches.patches if p.installed]
 
 
-__all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed", "current_target", "get_original",
-           "TargetError", "installed_patches"]
+__all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed",
+           "current_target", "get_original", "TargetError", "installed_patches"]

@@ -13,7 +13,13 @@ from typing import Dict, Optional, Tuple
 
 from dmlshim import capabilities, devicemap
 
-_peak: Dict[int, int] = {}
+
+def _peaks() -> Dict[int, int]:
+    """Peaks of memory_allocated kept here per ordinal (the installation's; none without)."""
+    from dmlshim import api
+
+    shim = api.session()
+    return shim.memory_peaks if shim is not None else {}
 
 
 def _index(device) -> int:
@@ -76,8 +82,9 @@ def synchronize(index: int) -> None:
 
 def memory_allocated(index: int) -> int:
     value = capabilities.current().memory_allocated(index)
-    if value > _peak.get(index, 0):
-        _peak[index] = value
+    peaks = _peaks()
+    if value > peaks.get(index, 0):
+        peaks[index] = value
     return value
 
 
@@ -86,12 +93,12 @@ def max_memory_allocated(index: int) -> int:
     if peak is not None:
         return peak
     current = memory_allocated(index)
-    return max(current, _peak.get(index, 0))
+    return max(current, _peaks().get(index, 0))
 
 
 def reset_peak(index: int) -> None:
     capabilities.current().reset_peak(index)
-    _peak[index] = 0
+    _peaks()[index] = 0
     memory_allocated(index)
 
 

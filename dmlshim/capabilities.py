@@ -98,9 +98,21 @@ class Capabilities:
         """The folder LD_LIBRARY_PATH must hold for the backend to import (None: none)."""
         return None
 
+    #: every CUDA ordinal is the one CPU device (the device map has a single entry)
+    redirects_to_cpu = True
+    #: the device is dmlshim's emulator (which registers itself at install)
+    emulated = False
+    #: the torch_directml wheel must be importable (here and in child processes)
+    needs_torch_directml = False
+
+    def exact_fallback_counts(self) -> Any:
+        """``{op: calls}`` of CPU fallbacks counted exactly, or None (warnings are counted)."""
+        return None
+
 
 class Cuda(Capabilities):
     kind = "cuda"
+    redirects_to_cpu = False
 
     def has_fused_optimizers(self) -> bool:
         return True
@@ -169,6 +181,9 @@ class DirectML(Capabilities):
         from dmlshim import target
 
         return target.directml_library_path_missing()
+
+    redirects_to_cpu = False
+    needs_torch_directml = True
 
 
 class EmulatedDirectML(Capabilities):
@@ -239,6 +254,14 @@ class EmulatedDirectML(Capabilities):
         except Exception as err:  # noqa: BLE001 - any failure is the answer
             return f"the emulator cannot be loaded: {type(err).__name__}: {err}"
         return None
+
+    redirects_to_cpu = False
+    emulated = True
+
+    def exact_fallback_counts(self) -> Any:
+        from dmlshim import emulator
+
+        return emulator.fallback_counts()
 
 
 _BY_KIND = {c.kind: c for c in (Capabilities, Cuda, DirectML, EmulatedDirectML)}

@@ -250,20 +250,13 @@ def load(overrides: Optional[Mapping[str, object]] = None, source: str = "cli",
     return Config(values, sources)
 
 
-_current: Optional[Config] = None
-
-
 def current() -> Config:
-    """The options in force: those of the last install(), else read from the environment."""
-    global _current
-    if _current is None:
-        _current = load()
-    return _current
+    """The options in force: those of the installation (dmlshim.api.session()), else read from
+    the environment."""
+    from dmlshim import api
 
-
-def set_current(config: Optional[Config]) -> None:
-    global _current
-    _current = config
+    shim = api.session()
+    return shim.config if shim is not None else load()
 
 
 def exit_on_error(err: ConfigError) -> NoReturn:  # type: ignore[name-defined]  # noqa: F821

@@ -18,94 +18,126 @@ from typing import Any, List, Optional
 
 import torch
 
+from dmlshim.config import INTERNAL_BY_NAME
 from dmlshim.target import Target
 
+WRAP_ORDINALS_ENV = INTERNAL_BY_NAME["wrap_ordinals"].env
 _CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
 _DEVICE_CLS = torch.device
-
-_target: Optional[Target] = None
-_devices: List[torch.device] = []  # target device for each CUDA ordinal
-_current = 0  # the ordinal `torch.cuda.set_device` chose ("cuda" with no index means this one)
-_wrap_ordinals = False  # multi-process launches: ordinal N -> adapter N % count
 
 
 class DeviceMapError(RuntimeError):
     pass
 
 
-def activate(target: Target) -> None:
-    global _target, _devices, _current
-    _target = target
-    _current = target.index
-    if target.kind == "cpu":
-        _devices = [torch.device("cpu")]
-    elif target.kind in ("dml", "emulated-dml"):
-        _devices = [torch.device("privateuseone", i) for i in range(target.count)]
-    else:
-        _devices = []
-    global _wrap_ordinals
-    # torchrun and friends give each rank LOCAL_RANK; `cuda:{local_rank}` must still find an
-    # adapter when there are more ranks than adapters (several ranks then share one).
-    _wrap_ordinals = "LOCAL_RANK" in os.environ
+class DeviceMap:
+    """The CUDA ordinals of one installation (``api.Shim.devices``) and the device each means."""
+
+    def __init__(self, target: Target, capabilities: Any = None) -> None:
+        if capabilities is None:
+            from dmlshim import capabilities as capmod
+
+            capabilities = capmod.of(target)
+        self.target = target
+        self.current = target.index  # the ordinal "cuda" (no index) means: set_device's choice
+        # the CPU is one device whatever ordinal the script names
+        self.one_device = bool(capabilities.redirects_to_cpu)
+        if not target.redirects:
+            self.devices: List[torch.device] = []  # real CUDA: nothing is rewritten
+        elif self.one_device:
+            self.devices = [torch.device(target.device_type)]
+        else:
+            self.devices = [torch.device(target.device_type, i) for i in range(target.count)]
+        # Multi-process launches: ordinal N -> adapter N % count. torchrun gives each rank
+        # LOCAL_RANK, and `cuda:{local_rank}` must still find an adapter when there are more
+        # ranks than adapters; mp.spawn children learn it from the launcher's variable.
+        self.wrap_ordinals = "LOCAL_RANK" in os.environ or os.environ.get(WRAP_ORDINALS_ENV) == "1"
+
+    def resolve(self, index: int) -> int:
+        n = len(self.devices)
+        if self.one_device:
+            return 0
+        if 0 <= index < n:
+            return index
+        if self.wrap_ordinals and index >= 0 and n:
+            return index % n
+        return index
+
+    def check(self, index: int) -> None:
+        if not self.target.redirects:
+            return
+        if self.one_device or self.wrap_ordinals:
+            if index < 0:
+                raise DeviceMapError(f"dmlshim: invalid CUDA device ordinal {index}")
+            return
+        n = len(self.devices)
+        if not 0 <= index < n:
+            raise DeviceMapError(
+                f"dmlshim: cuda:{index} requested but this machine has {n} DirectML adapter(s) "
+                f"(cuda:0..cuda:{n - 1}); use a lower index or set DMLSHIM_DEVICE=dml:N")
+
+    def device_for(self, index: Optional[int]) -> torch.device:
+        if index is None:
+            return self.devices[self.current]
+        self.check(index)
+        return self.devices[self.resolve(index)]
+
+    def set_current(self, index: int) -> None:
+        self.check(index)
+        self.current = self.resolve(index)
+
+
+# The installed session's map (api.install activates it, uninstall deactivates it); None when
+# nothing is installed or the target is inert. The functions below are the front doors every
+# patch calls; map_device reads it directly, adding no frame to an entry point's path.
+_map: Optional[DeviceMap] = None
+
+
+def activate(device_map: DeviceMap) -> None:
+    global _map
+    _map = device_map
 
 
 def deactivate() -> None:
-    global _target, _devices, _current
-    _target, _devices, _current = None, [], 0
+    global _map
+    _map = None
+
+
+def active() -> Optional[DeviceMap]:
+    return _map
 
 
 def target() -> Optional[Target]:
-    return _target
+    return _map.target if _map is not None else None
 
 
 def set_wrap_ordinals(on: bool) -> None:
-    global _wrap_ordinals
-    _wrap_ordinals = on
+    if _map is not None:
+        _map.wrap_ordinals = on
 
 
 def current_index() -> int:
-    return _current
+    return _map.current if _map is not None else 0
 
 
 def set_current_index(index: int) -> None:
-    global _current
-    check_index(index)
-    _current = _resolve_index(index)
-
-
-def _resolve_index(index: int) -> int:
-    if _target is None:
-        return index
-    n = len(_devices)
-    if _target.kind == "cpu":
-        return 0
-    if 0 <= index < n:
-        return index
-    if _wrap_ordinals and index >= 0 and n:
-        return index % n
-    return index
+    if _map is not None:
+        _map.set_current(index)
 
 
 def check_index(index: int) -> None:
-    if _target is None or not _target.redirects:
-        return
-    if _target.kind == "cpu" or _wrap_ordinals:
-        if index < 0:
-            raise DeviceMapError(f"dmlshim: invalid CUDA device ordinal {index}")
-        return
-    n = len(_devices)
-    if not 0 <= index < n:
-        raise DeviceMapError(
-            f"dmlshim: cuda:{index} requested but this machine has {n} DirectML adapter(s) "
-            f"(cuda:0..cuda:{n - 1}); use a lower index or set DMLSHIM_DEVICE=dml:N")
+    if _map is not None:
+        _map.check(index)
 
 
 def device_for(index: Optional[int]) -> torch.device:
     """The target device standing in for CUDA ordinal ``index`` (None: the current one)."""
+    m = _map
+    if m is None:
+        raise DeviceMapError("dmlshim: no CUDA device map: dmlshim is not installed")
     if index is None:
-        return _devices[_current]
-    check_index(index)
-    return _devices[_resolve_index(index)]
+        return m.devices[m.current]
+    return m.device_for(index)
 
 
 def cuda_index(arg: Any, int_is_cuda: bool = False) -> Optional[int] | bool:
@@ -138,38 +170,39 @@ def is_cuda_device(arg: Any, int_is_cuda: bool = False) -> bool:
 
 def map_device(arg: Any, int_is_cuda: bool = False) -> Any:
     """``arg`` rewritten to the target device if it denotes a CUDA device, else ``arg`` itself."""
-    if not _devices:  # inactive, or the target is real CUDA
+    m = _map
+    if m is None or not m.devices:  # inactive, or the target is real CUDA
         return arg
     cls = arg.__class__
     if cls is str:
         if arg == "cuda":  # the common case, answered without further calls
-            return _devices[_current]
+            return m.devices[m.current]
         if not arg.startswith("cuda"):
             return arg
     elif cls is _DEVICE_CLS:
         if arg.type != "cuda":
             return arg
         if arg.index is None:
-            return _devices[_current]
+            return m.devices[m.current]
     elif not (int_is_cuda and cls is int):
         return arg
     index = cuda_index(arg, int_is_cuda)
     if index is False:
         return arg
-    return device_for(index)  # type: ignore[arg-type]
+    return m.device_for(index)  # type: ignore[arg-type]
 
 
 def is_target_device(dev: torch.device) -> bool:
     """Whether a tensor on ``dev`` is "on the GPU" from the script's point of view."""
-    if _target is None:
+    m = _map
+    if m is None or not m.devices:
         return dev.type == "cuda"
-    if not _devices:
-        return dev.type == "cuda"
-    return dev.type == _devices[0].type
+    return dev.type == m.devices[0].type
 
 
 def as_cuda(dev: torch.device) -> torch.device:
     """The CUDA device a target device stands for (``privateuseone:1`` -> ``cuda:1``)."""
-    if _target is None or not _devices or dev.type != _devices[0].type:
+    m = _map
+    if m is None or not m.devices or dev.type != m.devices[0].type:
         return dev
-    return torch.device("cuda", dev.index if dev.index is not None else _current)
+    return torch.device("cuda", dev.index if dev.index is not None else m.current)

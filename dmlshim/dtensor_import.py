@@ -90,19 +90,11 @@ class AllowListGuard:
             sys.meta_path.remove(self)
 
 
-_guard: Optional[AllowListGuard] = None
-
-
-def install() -> None:
-    global _guard
-    if MODULE in sys.modules or _guard is not None:
-        return
-    _guard = AllowListGuard()
-    sys.meta_path.insert(0, _guard)
-
-
-def uninstall() -> None:
-    global _guard
-    if _guard is not None:
-        _guard.remove()
-        _guard = None
+def install() -> Optional[AllowListGuard]:
+    """Put a guard first on ``sys.meta_path`` (None: torch.distributed.tensor is imported
+    already, or a guard is there); the caller (api.Shim) removes it at uninstall."""
+    if MODULE in sys.modules or any(isinstance(f, AllowListGuard) for f in sys.meta_path):
+        return None
+    guard = AllowListGuard()
+    sys.meta_path.insert(0, guard)
+    return guard

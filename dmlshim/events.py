@@ -18,6 +18,9 @@ the exit summary groups them by the part before the first dot), :func:`attention
 something the user should look at (the exit summary is then shown at the default log level
 too), and :func:`fallback` counts ops that ran on the CPU instead of the device
 (``dmlshim.patches.diagnostics`` feeds it).
+
+The records belong to the installation (:class:`EventLog`, held by ``api.Shim``): they go
+with uninstall(), and a forked child starts a clean log.
 """
 
 from __future__ import annotations
@@ -36,16 +39,6 @@ TAGS = ("redirected", "emulated", "unsupported", "dropped")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR,)
-
-api_counts: Counter = Counter()  # "Tensor.cuda" -> calls changed
-api_tags: Dict[str, str] = {}  # "Tensor.cuda" -> its tag
-tag_counts: Counter = Counter()
-notes: Counter = Counter()  # free-form counters: "optimizer.rebind", "guard.ce_none", ...
-cpu_fallbacks: Counter = Counter()  # "aten::lerp.Scalar_out" -> times seen (see diagnostics)
-_attention: Dict[str, str] = {}  # key -> message, in the order first reported
-_sites: Dict[Tuple[str, int, str], CallSite] = {}
-_lock = threading.Lock()
-_trace = False
 
 
 @dataclass
@@ -69,11 +62,75 @@ class CallSite:
         return f"{self.where(cwd)}: {self.call} -> {self.became} [{self.tag}]"
 
 
-def configure(trace: bool) -> None:
-    """Turn call-site recording on (info/debug logging, or a report) or off."""
-    global _trace
-    _trace = trace
+class EventLog:
+    """The records of one installation (``api.Shim.events``); dropped by uninstall()."""
+
+    def __init__(self, trace: bool = False) -> None:
+        self.trace = trace  # record call sites (a frame walk per new call)
+        self.api_counts: Counter = Counter()  # "Tensor.cuda" -> calls changed
+        self.api_tags: Dict[str, str] = {}  # "Tensor.cuda" -> its tag
+        self.tag_counts: Counter = Counter()
+        self.notes: Counter = Counter()  # free-form: "optimizer.rebind", "guard.ce_none", ...
+        self.cpu_fallbacks: Counter = Counter()  # "aten::lerp.Scalar_out" -> times seen
+        self.attention: Dict[str, str] = {}  # key -> message, in the order first reported
+        self.sites: Dict[Tuple[str, int, str], CallSite] = {}
+        self.lock = threading.Lock()
+
+    def reset(self) -> None:
+        for records in (self.api_counts, self.api_tags, self.tag_counts, self.notes,
+                        self.cpu_fallbacks, self.attention, self.sites):
+            records.clear()
+
+    def after_fork(self) -> None:
+        """A forked child starts with empty records (and a lock no other thread can be holding:
+        a DataLoader worker or hogwild process may fork while another thread records)."""
+        self.lock = threading.Lock()
+        self.reset()
+
+    def summary_dict(self) -> Dict[str, object]:
+        return {
+            "api_counts": dict(self.api_counts),
+            "api_tags": dict(self.api_tags),
+            "tag_counts": dict(self.tag_counts),
+            "notes": dict(self.notes),
+            "call_sites": [s.as_dict() for s in self.sites.values()],
+            "cpu_fallbacks": dict(self.cpu_fallbacks),
+            "attention": list(self.attention.values()),
+        }
+
+    def has_activity(self) -> bool:
+        return bool(self.api_counts or self.notes or self.cpu_fallbacks or self.attention)
+
+
+# The installed session's log (api.install attaches it, uninstall detaches it). With nothing
+# installed it is a detached log that the next install replaces, so a stray record from a
+# test or a tool neither crashes nor reaches an installation. The module functions below read
+# it directly: redirected() is on every entry point's path and adds no frame.
+_log = EventLog()
+
+# what tests and tools read as module attributes (events.api_counts...): the current log's
+_LOG_ATTRIBUTES = ("api_counts", "api_tags", "tag_counts", "notes", "cpu_fallbacks")
+
+
+def __getattr__(name: str) -> object:
+    if name in _LOG_ATTRIBUTES:
+        return getattr(_log, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def attach(log_: EventLog) -> None:
+    global _log
     configure_prefixes()
+    _log = log_
+
+
+def detach() -> None:
+    global _log
+    _log = EventLog()
+
+
+def current_log() -> EventLog:
+    return _log
 
 
 def configure_prefixes() -> None:
@@ -89,24 +146,11 @@ def configure_prefixes() -> None:
 
 
 def tracing() -> bool:
-    return _trace
+    return _log.trace
 
 
 def reset() -> None:
-    api_counts.clear()
-    api_tags.clear()
-    tag_counts.clear()
-    notes.clear()
-    cpu_fallbacks.clear()
-    _attention.clear()
-    _sites.clear()
-
-
-def after_fork_in_child() -> None:
-    """A forked child starts with empty records (and a lock no other thread can be holding)."""
-    global _lock
-    _lock = threading.Lock()
-    reset()
+    _log.reset()
 
 
 def _call_site() -> Tuple[str, int]:
@@ -128,26 +172,27 @@ def redirected(api: str, original: object = "", became: object = "", tag: str = 
     it turned into (a device, ``"no-op"``, ``"error"``, an emulated answer); ``arg``: the
     keyword the script passed it as, if any (``"device"``: logged as ``torch.zeros(device='cuda')``).
     """
-    api_counts[api] += 1
-    tag_counts[tag] += 1
-    api_tags[api] = tag
-    if not _trace:
+    records = _log
+    records.api_counts[api] += 1
+    records.tag_counts[tag] += 1
+    records.api_tags[api] = tag
+    if not records.trace:
         return
     file, line = _call_site()
     key = (file, line, api)
-    with _lock:
-        site = _sites.get(key)
+    with records.lock:
+        site = records.sites.get(key)
         if site is not None:
             site.count += 1
             return
         site = CallSite(file, line, api, _short(original), _short_result(became), tag,
                         call=render_call(api, original, arg))
-        _sites[key] = site
+        records.sites[key] = site
     log.info("%s", site.log_line())
 
 
 def note(name: str, n: int = 1) -> None:
-    notes[name] += n
+    _log.notes[name] += n
 
 
 def attention(key: str, message: str) -> None:
@@ -155,21 +200,22 @@ def attention(key: str, message: str) -> None:
 
     ``key`` deduplicates (``"optimizer.stale_params"``); the first message for a key is kept.
     """
-    with _lock:
-        _attention.setdefault(key, message)
+    records = _log
+    with records.lock:
+        records.attention.setdefault(key, message)
 
 
 def attention_messages() -> List[str]:
-    return list(_attention.values())
+    return list(_log.attention.values())
 
 
 def fallback(op: str, n: int = 1) -> None:
     """``op`` (``"aten::lerp.Scalar_out"``) ran on the CPU instead of the device ``n`` times."""
-    cpu_fallbacks[op] += n
+    _log.cpu_fallbacks[op] += n
 
 
 def call_sites() -> List[CallSite]:
-    return list(_sites.values())
+    return list(_log.sites.values())
 
 
 def _short(value: object) -> str:
@@ -225,20 +271,12 @@ def display_path(file: str, cwd: Optional[str] = None) -> str:
 
 
 def summary_dict() -> Dict[str, object]:
-    return {
-        "api_counts": dict(api_counts),
-        "api_tags": dict(api_tags),
-        "tag_counts": dict(tag_counts),
-        "notes": dict(notes),
-        "call_sites": [s.as_dict() for s in _sites.values()],
-        "cpu_fallbacks": dict(cpu_fallbacks),
-        "attention": attention_messages(),
-    }
+    return _log.summary_dict()
 
 
 def has_activity() -> bool:
     """Whether anything at all was recorded (child processes write a report only then)."""
-    return bool(api_counts or notes or cpu_fallbacks or _attention)
+    return _log.has_activity()
 
 
 def warn_at_user_site(message: str, category: type = UserWarning) -> None:

@@ -147,8 +147,11 @@ def fresh_events():
 
 
 def _patch_instance():
-    assert diagnostics._active is not None and diagnostics._active.installed
-    return diagnostics._active
+    from dmlshim import api
+
+    patch = api.session().patch("diagnostics")
+    assert patch is not None and patch.installed
+    return patch
 
 
 # -- events: how a call is shown ----------------------------------------------------------------
@@ -270,10 +273,10 @@ def test_exit_summary_level(shim, records, fresh_events):
     shim(device="cpu")  # default level: warning
     patch = _patch_instance()
     torch.zeros(1, device="cuda")
-    patch._at_exit()
+    patch.at_exit()
     assert records.messages() == []  # nothing needs attention: silent
     events.attention("x", "something to look at")
-    patch._at_exit()
+    patch.at_exit()
     warnings_logged = records.messages(logging.WARNING)
     assert warnings_logged[0].startswith("summary: target cpu")
     assert "  needs attention: something to look at" in warnings_logged
@@ -300,8 +303,10 @@ def test_uninstall_restores_hooks_and_environment(shim, tmp_path, monkeypatch):
     assert is_patched(sys, "exit")
     assert get_original(sys, "exit") is originals[2]
     # one process-wide handler, registered by the first install() of the process
-    assert registered in ([], [diagnostics._at_exit_of_active])
-    assert diagnostics._active is _patch_instance()
+    from dmlshim import api
+
+    assert registered in ([], [api._at_exit])
+    diagnostics_patch = _patch_instance()
     assert os.environ[diagnostics.REPORT_OWNER_ENV] == f"{os.getpid()}:{tmp_path / 'r.json'}"
     import dmlshim
 
@@ -309,9 +314,9 @@ def test_uninstall_restores_hooks_and_environment(shim, tmp_path, monkeypatch):
     assert (warnings._showwarnmsg, sys.excepthook, sys.exit) == originals
     assert warnings._showwarnmsg is originals[0] and sys.exit is originals[2]
     assert sys.excepthook is originals[1]
-    assert unregistered == [] and diagnostics._active is None
+    assert unregistered == [] and api.session() is None
+    assert not diagnostics_patch.installed
     assert diagnostics.REPORT_OWNER_ENV not in os.environ
-    assert diagnostics._active is None
     assert not (tmp_path / "r.json").exists()
 
 

@@ -18,10 +18,7 @@ EMULATOR = PACKAGE / "emulator"
 EMULATOR_MAY_IMPORT = ("dmlshim.emulator", "dmlshim.formulas")
 # Modules that define what the kinds are (and the emulator, which has its own kinds).
 KIND_OWNERS = ("target.py", "capabilities.py", "config.py", "emulator/")
-# Being fixed on other branches (the session object and OOM work of issue 15): the lead
-# empties this list at merge.
-KIND_ALLOWED_FOR_NOW = ("devicemap.py", "api.py", "patches/diagnostics.py",
-                        "patches/processes.py")
+
 
 
 def _package_of(path: pathlib.Path) -> str:
@@ -142,8 +139,6 @@ def test_only_the_kind_owners_compare_kind_strings():
     for path in _python_files(PACKAGE):
         rel = path.relative_to(PACKAGE).as_posix()
         if any(rel == owner or rel.startswith(owner) for owner in KIND_OWNERS):
-            continue
-        if rel in KIND_ALLOWED_FOR_NOW:
             continue
         scanned += 1
         for line in kind_comparisons(path.read_text(encoding="utf-8"), rel):

@@ -519,14 +519,15 @@ def test_off_reports_stale_optimizer_once_and_changes_nothing(shim, overwrite):
 
 def test_audit_rebinds_what_conversion_missed(shim, overwrite):
     shim(device="cpu", optimizer="rebind")
-    from dmlshim.rebind.registry import REGISTRY
+    from dmlshim.rebind import registry
 
+    tracked = registry.current()
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    del REGISTRY.optimizers[opt]  # as if built by code the hooks did not see
+    del tracked.optimizers[opt]  # as if built by code the hooks did not see
     model.cuda()
     assert not same_objects(params_of(opt), list(model.parameters()))
-    REGISTRY.track_optimizer(opt)
+    tracked.track_optimizer(opt)
     for _ in _loader():
         break
     assert same_objects(params_of(opt), list(model.parameters()))

@@ -154,15 +154,15 @@ def test_spawn_launcher_marks_children_for_rank_ordinals(monkeypatch, shim):
 
     def fake_start(*args, **kwargs):
         seen["env"] = os.environ.get("DMLSHIM_WRAP_ORDINALS")
-        seen["flag"] = devicemap._wrap_ordinals
+        seen["flag"] = devicemap.active().wrap_ordinals
 
     spawn_mod = sys.modules["torch.multiprocessing.spawn"]
     monkeypatch.setattr(spawn_mod, "start_processes", fake_start)
     shim(device="cpu")
-    assert devicemap._wrap_ordinals is False
+    assert devicemap.active().wrap_ordinals is False
     tmp.spawn(print, nprocs=2)
     assert seen == {"env": "1", "flag": True}
-    assert devicemap._wrap_ordinals is False
+    assert devicemap.active().wrap_ordinals is False
     assert "DMLSHIM_WRAP_ORDINALS" not in os.environ
 
 

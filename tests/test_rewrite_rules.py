@@ -14,7 +14,7 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def two_adapters():
     """The rule alone, activated for a target with two (pretend) DirectML adapters."""
-    devicemap.activate(Target("dml", 2, "test"))
+    devicemap.activate(devicemap.DeviceMap(Target("dml", 2, "test")))
     try:
         yield
     finally:

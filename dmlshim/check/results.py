@@ -1,7 +1,7 @@
 """What the check found: divergences per op, the gradient sanity verdict, and how they are told.
 
-One process-wide :data:`results` object; :mod:`dmlshim.patches.check` fills it and hands the
-report section and the "needs attention" lines to the exit summary.
+One :class:`Results` per installation, held by :mod:`dmlshim.patches.check`, which fills it
+and hands the report section and the "needs attention" lines to the exit summary.
 """
 
 from __future__ import annotations
@@ -156,6 +156,3 @@ def _params(n: int) -> str:
 def _units(names: List[str]) -> str:
     shown = ", ".join(n if " " in n else f"`{n}`" for n in names[:6])
     return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-
-
-results = Results()

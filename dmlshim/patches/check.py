@@ -16,7 +16,8 @@ The check is for the process that asked for it: children (spawned DataLoader wor
 subprocesses) get ``DMLSHIM_CHECK=off``; forked ones stop shadowing.
 
 Findings go to the exit summary's "needs attention" block, the ``dmlshim`` logger (at once,
-when found) and the report's ``check`` section (registered with the diagnostics patch).
+when found) and the report's ``check`` section (:meth:`CheckPatch.report_section`, which the
+diagnostics patch asks).
 """
 
 from __future__ import annotations
@@ -33,26 +34,15 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from dmlshim.check import grads
-from dmlshim.check.results import results
+from dmlshim.check.results import Results
 from dmlshim.check.shadow import ShadowMode
-from dmlshim.patches import diagnostics
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
 
-_active: Optional[CheckPatch] = None
-_fork_hook_registered = False
-
 
 def steps_requested(value: str) -> int:
     return 0 if value == "off" else int(value)
-
-
-def _after_fork_in_child() -> None:
-    # A forked child (a DataLoader worker) is not the training loop: it stops shadowing and
-    # reports nothing of the parent's.
-    if _active is not None and _active.installed:
-        _active._forked()
 
 
 class CheckPatch(Patch):
@@ -62,8 +52,7 @@ class CheckPatch(Patch):
         return True
 
     def _install(self, target, config) -> None:
-        global _active, _fork_hook_registered
-        results.reset()
+        self.results = results = Results()  # the installation's findings
         results.steps_requested = steps_requested(config.check)
         self._mode: Optional[ShadowMode] = None
         self._anomaly: Tuple[bool, bool] = (False, True)
@@ -71,23 +60,10 @@ class CheckPatch(Patch):
         self._grad_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         self._hook: Any = register_optimizer_step_pre_hook(self._before_step)
         self.on_undo(self._remove_hook)
-        diagnostics.SECTIONS["check"] = self._section
-        self.on_undo(lambda: diagnostics.SECTIONS.pop("check", None))
         if results.steps_requested:
             self._start(target.device_type)
             self.on_undo(self._stop)
             self._children_off()
-        _active = self
-
-        def forget() -> None:
-            global _active
-            if _active is self:
-                _active = None
-
-        self.on_undo(forget)
-        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)  # cannot be unregistered
-            _fork_hook_registered = True
 
     def _children_off(self) -> None:
         """The check is for this process: child processes (spawned DataLoader workers, which
@@ -106,8 +82,9 @@ class CheckPatch(Patch):
 
         self.on_undo(restore)
 
-    def _section(self) -> Tuple[Any, List[str]]:
-        return results.section(), results.attention_lines()
+    def report_section(self) -> Tuple[Any, List[str]]:
+        """The report's ``check`` section and its "needs attention" lines (diagnostics asks)."""
+        return self.results.section(), self.results.attention_lines()
 
     # -- around each optimizer step, while there is something to do ----------------------------
 
@@ -132,8 +109,8 @@ class CheckPatch(Patch):
         mode = self._mode
         if mode is not None:
             mode.in_optimizer = False
-            results.steps_shadowed = mode.step
-            if mode.step >= results.steps_requested:
+            self.results.steps_shadowed = mode.step
+            if mode.step >= self.results.steps_requested:
                 self._stop()
             else:
                 mode.step += 1
@@ -141,7 +118,7 @@ class CheckPatch(Patch):
             self._remove_hook()  # nothing of the check runs from here on
 
     def _check_gradients(self, optimizer) -> None:
-        results.gradients_checked += 1
+        self.results.gradients_checked += 1
         mode = self._mode
         if mode is not None:
             mode.paused = True  # our own reads of .grad are not the script's ops
@@ -154,7 +131,7 @@ class CheckPatch(Patch):
             if mode is not None:
                 mode.paused = False
         if verdict is not None:
-            results.gradient_verdict(verdict)
+            self.results.gradient_verdict(verdict)
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
@@ -164,20 +141,20 @@ class CheckPatch(Patch):
     # -- the shadow --------------------------------------------------------------------------
 
     def _start(self, device_type: str) -> None:
-        mode = ShadowMode(device_type, results)
+        mode = ShadowMode(device_type, self.results)
         self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
         torch.set_anomaly_enabled(True, False)  # forward stacks on autograd nodes; no NaN checks
         mode.__enter__()
         self._mode = mode
-        results.shadowing = True
+        self.results.shadowing = True
         log.info("check: shadowing the first %d optimizer step(s) on the CPU",
-                 results.steps_requested)
+                 self.results.steps_requested)
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
         if mode is None:
             return
-        results.shadowing = False
+        self.results.shadowing = False
         if _get_current_dispatch_mode() is mode:
             mode.__exit__(None, None, None)
         else:  # someone entered a mode after ours: leave the stack alone, stop comparing
@@ -185,11 +162,14 @@ class CheckPatch(Patch):
             log.debug("check: another dispatch mode is above the shadow; it stays, passive")
         torch.set_anomaly_enabled(*self._anomaly)
         log.info("check: shadowed %d optimizer step(s): %d ops compared, %d differed from the "
-                 "CPU", results.steps_shadowed, results.ops_compared, sum(results.counts.values()))
+                 "CPU", self.results.steps_shadowed, self.results.ops_compared,
+                 sum(self.results.counts.values()))
 
-    def _forked(self) -> None:
+    def after_fork(self) -> None:
+        """A forked child (a DataLoader worker) is not the training loop: it stops shadowing
+        and reports nothing of the parent's (the session's fork hook calls this)."""
         if self._mode is not None:
             self._mode.paused = True
-        requested = results.steps_requested
-        results.reset()
-        results.steps_requested = requested
+        requested = self.results.steps_requested
+        self.results.reset()
+        self.results.steps_requested = requested

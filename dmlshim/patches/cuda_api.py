@@ -173,25 +173,39 @@ class Stream(_StreamBase):  # type: ignore[misc, valid-type]
         return f"<dmlshim Stream device={self.device}>"
 
 
-_default_streams: Dict[int, Stream] = {}
-_current_stream: Dict[int, Stream] = {}
+class StreamTable:
+    """The streams of one installation (held by the cuda_api patch): each device's default
+    stream, and the current one where a script set another."""
+
+    def __init__(self) -> None:
+        self.default: Dict[int, Stream] = {}
+        self.current: Dict[int, Stream] = {}
+
+
+def _streams() -> StreamTable:
+    from dmlshim import api
+
+    shim = api.session()
+    patch = shim.patch(CudaAPIPatch.name) if shim is not None else None
+    return patch.streams if patch is not None else StreamTable()  # not installed: nothing kept
 
 
 def default_stream(device: Any = None) -> Stream:
     idx = _index(device)
-    if idx not in _default_streams:
-        _default_streams[idx] = Stream(idx)
-    return _default_streams[idx]
+    default = _streams().default
+    if idx not in default:
+        default[idx] = Stream(idx)
+    return default[idx]
 
 
 def current_stream(device: Any = None) -> Stream:
     idx = _index(device)
-    return _current_stream.get(idx) or default_stream(idx)
+    return _streams().current.get(idx) or default_stream(idx)
 
 
 def set_stream(stream: Stream):
     if stream is not None:
-        _current_stream[stream.device_index] = stream
+        _streams().current[stream.device_index] = stream
 
 
 class StreamContext:
@@ -204,17 +218,19 @@ class StreamContext:
     def __enter__(self):
         s = self.stream
         if s is not None:
-            self._prev = _current_stream.get(s.device_index)
-            _current_stream[s.device_index] = s
+            current = _streams().current
+            self._prev = current.get(s.device_index)
+            current[s.device_index] = s
 
     def __exit__(self, type: Any, value: Any, traceback: Any):  # noqa: A002 - torch's names
         s = self.stream
         if s is None:
             return
+        current = _streams().current
         if self._prev is None:
-            _current_stream.pop(s.device_index, None)
+            current.pop(s.device_index, None)
         else:
-            _current_stream[s.device_index] = self._prev
+            current[s.device_index] = self._prev
 
 
 def stream(stream: Optional[Stream]) -> StreamContext:
@@ -783,6 +799,7 @@ class CudaAPIPatch(Patch):
     def _install(self, target, config) -> None:
         if not target.redirects:
             return  # real CUDA answers for itself: a pass-through wrapper would only cost time
+        self.streams = StreamTable()
         cuda = torch.cuda
 
         def route(name: str, emulation: Callable[..., Any], api: str = ""):

@@ -32,7 +32,6 @@ parent's report, and workers that did nothing leave no files.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import json
 import logging
@@ -42,9 +41,9 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-from dmlshim import events
+from dmlshim import capabilities, events
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
@@ -65,34 +64,16 @@ ATTENTION_NOTES = {
                         "DMLSHIM_OPTIMIZER or build the optimizer after model.to(...)"),
 }
 
-# Report sections other patches add (dmlshim.patches.check: "check"): name -> a function
-# returning (the section, lines for the "needs attention" block).
-SECTIONS: Dict[str, Callable[[], Tuple[Any, List[str]]]] = {}
+# Other patches add a report section of their own name by defining ``report_section()``,
+# returning (the section, lines for the "needs attention" block): dmlshim.patches.check.
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_active: Optional[DiagnosticsPatch] = None
-_fork_hook_registered = False
-_atexit_registered = False
 
 
 def child_report_path(path: str, pid: int) -> str:
     """``run/report.json`` -> ``run/report.<pid>.json`` (the report of a child process)."""
     root, ext = os.path.splitext(path)
     return f"{root}.{pid}{ext}" if ext else f"{path}.{pid}"
-
-
-def _after_fork_in_child() -> None:
-    # A forked child reports what it did itself, from the fork on.
-    if _active is not None and _active.installed:
-        events.after_fork_in_child()
-        _active._reset_outcome()
-        _active._started = time.time()
-        _active._started_mono = time.monotonic()
-
-
-def _at_exit_of_active() -> None:
-    if _active is not None:
-        _active._at_exit()
 
 
 def _caller_file() -> str:
@@ -127,7 +108,6 @@ class DiagnosticsPatch(Patch):
     # -- install ----------------------------------------------------------------------------
 
     def _install(self, target, config) -> None:
-        global _active, _fork_hook_registered, _atexit_registered
         self._target, self._config = target, config
         self._started = time.time()
         self._started_mono = time.monotonic()
@@ -144,11 +124,7 @@ class DiagnosticsPatch(Patch):
             self.wrap(warnings, "showwarning", self._on_showwarning)
         self.wrap(sys, "excepthook", self._on_excepthook)
         self.wrap(sys, "exit", self._on_sys_exit)
-        if not _atexit_registered:
-            # once per process: CPython's atexit.unregister leaves the slot behind, so a
-            # register/unregister per install() cycle would grow the list without bound
-            atexit.register(_at_exit_of_active)
-            _atexit_registered = True
+        # at_exit and after_fork run from the session's process hooks (dmlshim.api)
         if self._report_path:
             self._claim_report()
         self._fallback_filter: Optional[tuple] = None
@@ -156,17 +132,12 @@ class DiagnosticsPatch(Patch):
         if target.is_directml:
             self._see_every_fallback()
 
-        _active = self
-
-        def forget() -> None:
-            global _active
-            if _active is self:
-                _active = None
-
-        self.on_undo(forget)
-        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)  # cannot be unregistered
-            _fork_hook_registered = True
+    def after_fork(self) -> None:
+        """A forked child reports what it did itself, from the fork on (the session has
+        emptied the event log)."""
+        self._reset_outcome()
+        self._started = time.time()
+        self._started_mono = time.monotonic()
 
     def _claim_report(self) -> None:
         """Own the report path unless a parent process already does (see the module doc)."""
@@ -297,7 +268,8 @@ class DiagnosticsPatch(Patch):
 
     # -- at exit ------------------------------------------------------------------------------
 
-    def _at_exit(self) -> None:
+    def at_exit(self) -> None:
+        """Interpreter exit (atexit: the session calls it): the summary and the report."""
         if not self.installed:
             return
         try:
@@ -327,12 +299,15 @@ class DiagnosticsPatch(Patch):
         target, config = self._target, self._config
         now = time.time()
         recorded = events.summary_dict()
-        fallbacks, counting = fallback_counts(target)
+        fallbacks, counting = fallback_counts(capabilities.of(target, config))
         attention = attention_messages(recorded, fallbacks, counting)
         sections: Dict[str, Any] = {}
-        for section_name, section_fn in list(SECTIONS.items()):
-            sections[section_name], lines = section_fn()
-            attention.extend(lines)
+        shim = api.session()
+        for patch in shim.patches.patches if shim is not None and shim.patches else ():
+            section_fn = getattr(patch, "report_section", None)
+            if section_fn is not None and patch.installed:
+                sections[patch.name], lines = section_fn()
+                attention.extend(lines)
         owner = os.getpid() == self._owner_pid
         outcome_code = self._exit_code if self._exit_code is not None else (
             0 if self._how == "finished" else None)
@@ -420,18 +395,16 @@ def _directml_version() -> Optional[str]:
         return None
 
 
-def fallback_counts(target) -> tuple:
-    """({op: count}, counting) — exact counts from the emulator, else warnings seen."""
-    if target is not None and target.kind == "emulated-dml":
-        try:
-            from dmlshim import emulator
-
-            exact = emulator.fallback_counts()
-        except (ImportError, AttributeError):
-            exact = None
-        if exact is not None:
-            ops = {_op_name(op): int(n) for op, n in dict(exact).items() if n}
-            return ops, "exact"
+def fallback_counts(caps: capabilities.Capabilities) -> tuple:
+    """({op: count}, counting) — exact counts where the target keeps them (the emulator), else
+    the warnings seen."""
+    try:
+        exact = caps.exact_fallback_counts()
+    except (ImportError, AttributeError):
+        exact = None
+    if exact is not None:
+        ops = {_op_name(op): int(n) for op, n in dict(exact).items() if n}
+        return ops, "exact"
     return dict(events.cpu_fallbacks), "warnings"
 
 

@@ -32,8 +32,8 @@ import torch.utils.data
 
 from dmlshim.config import OptimizerPolicy
 from dmlshim.patching import Patch, Reentry, ThreadStack, get_original
-from dmlshim.rebind import boundaries, remap, workaround
-from dmlshim.rebind.registry import REGISTRY, SCHEDULER_TYPES
+from dmlshim.rebind import boundaries, registry, remap, workaround
+from dmlshim.rebind.registry import SCHEDULER_TYPES
 
 
 def _replace_fn(args: Tuple[Any, ...], kwargs: Dict[str, Any],
@@ -95,15 +95,13 @@ class OptimizerRebindPatch(Patch):
         policy = OptimizerPolicy(config.optimizer)
         converting = ThreadStack()  # ids of the modules being converted (outermost call's)
         loading, training, scheduler_init_running = Reentry(), Reentry(), Reentry()
-        REGISTRY.clear()
-        self.on_undo(REGISTRY.clear)
-        self.on_undo(boundaries.clear_sites)
+        tracked = registry.current()  # the session's: it goes with uninstall()
 
         def after(slots, retie: str, api: str) -> None:
             mapping = remap.collect_replacements(slots, retie if policy is not OptimizerPolicy.OFF else "never",
                                                  api)
             if mapping and policy is not OptimizerPolicy.OFF:
-                remap.rebind_all(mapping, REGISTRY.live_optimizers(), api)
+                remap.rebind_all(mapping, tracked.live_optimizers(), api)
 
         # -- conversions ----------------------------------------------------------------------
         def module_apply(wrapped, instance, args, kwargs):
@@ -144,7 +142,7 @@ class OptimizerRebindPatch(Patch):
         # -- optimizers -----------------------------------------------------------------------
         def optimizer_init(wrapped, instance, args, kwargs):
             result = wrapped(*args, **kwargs)
-            info = REGISTRY.track_optimizer(instance, boundaries.user_site())
+            info = tracked.track_optimizer(instance, boundaries.user_site())
             if policy is not OptimizerPolicy.OFF:
                 # built over a list of parameters taken before a conversion replaced them
                 mapping = remap.mapping_from_registry(instance)
@@ -163,7 +161,7 @@ class OptimizerRebindPatch(Patch):
         def scheduler_init(wrapped, instance, args, kwargs):
             with scheduler_init_running:
                 result = wrapped(*args, **kwargs)
-            REGISTRY.track_scheduler(instance)
+            tracked.track_scheduler(instance)
             return result
 
         def before_scheduler_step(instance) -> None:
@@ -184,7 +182,7 @@ class OptimizerRebindPatch(Patch):
             # Schedulers are often stepped every batch. Under rebind/off a scheduler step only
             # runs the audit, which has nothing to do until a conversion replaced Parameters:
             # until then the classes hold torch's own `step` (no shim frame per step).
-            want = policy is OptimizerPolicy.RESET or REGISTRY.replaced_since_audit > 0
+            want = policy is OptimizerPolicy.RESET or tracked.replaced_since_audit > 0
             if want is armed[0]:
                 return
             armed[0] = want
@@ -214,7 +212,7 @@ class OptimizerRebindPatch(Patch):
         self.wrap(torch.utils.data.DataLoader, "__iter__", loader_iter)
         self.wrap(torch.nn.Module, "train", module_train)
 
-        REGISTRY.discover_existing()
+        tracked.discover_existing()
         sync_scheduler_hooks()
         self._install_capture_check(target)
 

@@ -6,8 +6,8 @@
   gives the child's script its environment back and installs the shim when the child imports
   torch. ``uninstall()`` puts the variables back byte for byte, so processes started afterwards
   see the environment they would have seen without dmlshim.
-* **fork** children inherit the patched interpreter as it is; the only state to repair is a
-  lock another thread might have held at the moment of the fork.
+* **fork** children inherit the patched interpreter as it is; the session's fork hook
+  (dmlshim.api) gives them an event log of their own.
 * ``torch.multiprocessing.spawn``/``start_processes`` launch one process per "GPU" and the
   children call ``torch.cuda.set_device(rank)``: the children map CUDA ordinal N to adapter
   N % count, as torchrun's ``LOCAL_RANK`` launches do (see devicemap).
@@ -29,13 +29,13 @@ from typing import Any, Dict, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from dmlshim import config, devicemap, events
+from dmlshim import capabilities, devicemap, events
 from dmlshim.childenv import ChildEnvironment
 from dmlshim.patching import Patch
 
 log = logging.getLogger("dmlshim")
 
-WRAP_ORDINALS_ENV = config.INTERNAL_BY_NAME["wrap_ordinals"].env
+WRAP_ORDINALS_ENV = devicemap.WRAP_ORDINALS_ENV
 
 
 def child_environment(config, target=None) -> ChildEnvironment:
@@ -47,32 +47,13 @@ def child_environment(config, target=None) -> ChildEnvironment:
     # child still wins: the child's bootstrap sees the value changed and keeps it.
     values["DMLSHIM_DISABLE"] = "0"
     prefixes: Dict[str, str] = {}
-    if target is not None and target.kind == "dml":
+    if target is not None and capabilities.of(target, config).needs_torch_directml:
         from dmlshim import target as targetmod
 
         missing = targetmod.directml_library_path_missing()  # a child must import torch_directml
         if missing is not None:
             prefixes["LD_LIBRARY_PATH"] = missing
     return ChildEnvironment(values, prefixes)
-
-
-# -- fork ---------------------------------------------------------------------------------
-
-_fork_handler_registered = False
-
-
-def _after_fork_in_child() -> None:
-    # A thread of the parent may have held the events lock while the main thread forked (a
-    # DataLoader fork worker, a hogwild process); the child would wait on it forever.
-    events._lock = threading.Lock()
-
-
-def _register_fork_handler() -> None:
-    # os.register_at_fork cannot be undone; the handler is harmless when the shim is off.
-    global _fork_handler_registered
-    if not _fork_handler_registered and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-        _fork_handler_registered = True
 
 
 class ProcessesPatch(Patch):
@@ -82,15 +63,24 @@ class ProcessesPatch(Patch):
         return target.redirects
 
     def _install(self, target, config) -> None:
+        from dmlshim import api
+
+        shim = api.session()
         export = child_environment(config, target)
         export.apply()
-        self.on_undo(export.restore)
-        if os.environ.get(WRAP_ORDINALS_ENV) == "1":
-            devicemap.set_wrap_ordinals(True)
-        _register_fork_handler()
+        if shim is not None:
+            shim.child_environment = export  # the session owns what its children inherit
+
+        def restore() -> None:
+            export.restore()
+            if shim is not None:
+                shim.child_environment = None
+
+        self.on_undo(restore)
         self._install_spawn_launcher()
         if target.is_directml:
-            self._install_tensor_reducers(target)
+            self._copy_warned = False
+            self._install_tensor_reducers(target, config)
             self.wrap(torch.nn.Module, "share_memory", _share_memory)
 
     # -- torch.multiprocessing.spawn / start_processes -------------------------------------
@@ -104,7 +94,8 @@ class ProcessesPatch(Patch):
             # must find adapter N % count. Spawned children learn it from the environment,
             # forked ones inherit the flag.
             saved_env = os.environ.get(WRAP_ORDINALS_ENV)
-            saved_flag = devicemap._wrap_ordinals
+            dmap = devicemap.active()
+            saved_flag = dmap.wrap_ordinals if dmap is not None else False
             os.environ[WRAP_ORDINALS_ENV] = "1"
             devicemap.set_wrap_ordinals(True)
             events.note("processes.spawn_launch")
@@ -122,16 +113,16 @@ class ProcessesPatch(Patch):
             self.wrap(torch.multiprocessing, "start_processes", start_processes)
 
     # -- DirectML tensors sent to another process -----------------------------------------
-    def _install_tensor_reducers(self, target) -> None:
+    def _install_tensor_reducers(self, target, config) -> None:
         # ForkingPickler picks a reducer by exact type: torch registers torch.Tensor and
         # nn.Parameter; the emulator's tensors have a class of their own.
         classes = {torch.Tensor, torch.nn.Parameter}
-        if target.kind == "emulated-dml":
+        if capabilities.of(target, config).emulated:
             classes.add(type(torch.empty(0, device=devicemap.device_for(None))))
         table = ForkingPickler._extra_reducers
         for cls in classes:
             original = table.get(cls)
-            table[cls] = _device_tensor_reducer(original)
+            table[cls] = _device_tensor_reducer(original, self)
 
             def undo(cls=cls, original=original) -> None:
                 if original is None:
@@ -143,9 +134,6 @@ class ProcessesPatch(Patch):
 
 
 # -- DirectML tensors across processes ----------------------------------------------------
-
-_copy_warned = False
-
 
 def _is_target_tensor(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and devicemap.is_target_device(t.device) \
@@ -167,13 +155,12 @@ def _rebuild_device_tensor(host: torch.Tensor, index: int, requires_grad: bool,
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
-def _device_tensor_reducer(original):
+def _device_tensor_reducer(original, patch: ProcessesPatch):
     def reduce(t: torch.Tensor):
         if not _is_target_tensor(t):
             return original(t) if original is not None else t.__reduce_ex__(2)
-        global _copy_warned
-        if not _copy_warned:
-            _copy_warned = True
+        if not patch._copy_warned:  # once per installation
+            patch._copy_warned = True
             log.warning(
                 "a DirectML tensor was sent to another process; DirectML has no "
                 "inter-process memory, so the receiver gets a copy (on CUDA it would share the "
@@ -191,15 +178,19 @@ def _device_tensor_reducer(original):
 
 # -- hogwild: Module.share_memory() on DirectML ------------------------------------------
 
-_moved = threading.local()
-
-
 class HostForward:
     """Forward hooks of a module shared through CPU memory: inputs come to the CPU, outputs
     go back to the adapter the inputs came from. Picklable, so spawned processes get them."""
 
     def __init__(self, index: int) -> None:
         self.index = index
+        self._moved = threading.local()  # per thread: the devices of the forwards under way
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"index": self.index}  # a thread-local does not pickle; a new process starts empty
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["index"])  # type: ignore[misc]
 
     def pre(self, module, args, kwargs):
         found = []
@@ -211,14 +202,14 @@ class HostForward:
             return x
 
         args, kwargs = pytree.tree_map(to_host, (args, kwargs))
-        stack = getattr(_moved, "stack", None)
+        stack = getattr(self._moved, "stack", None)
         if stack is None:
-            stack = _moved.stack = []
+            stack = self._moved.stack = []
         stack.append(found[0] if found else None)
         return args, kwargs
 
     def post(self, module, args, kwargs, output):
-        stack = getattr(_moved, "stack", None)
+        stack = getattr(self._moved, "stack", None)
         device = stack.pop() if stack else None
         if device is None:
             return output

@@ -17,14 +17,13 @@ import logging
 import sys
 import warnings
 import weakref
-from typing import Any, Set, Tuple
+from typing import Any, Tuple
 
 import torch
 
 from dmlshim import events
 from dmlshim.config import OptimizerPolicy
-from dmlshim.rebind import remap
-from dmlshim.rebind.registry import REGISTRY
+from dmlshim.rebind import registry, remap
 
 log = logging.getLogger("dmlshim")
 
@@ -37,17 +36,15 @@ class StaleOptimizerWarning(UserWarning):
     """An optimizer is stepping Parameters that a conversion replaced (the stall)."""
 
 
-_warned_sites: Set[Tuple[str, int, str]] = set()
-
-
 def warn_at_user_site(message: str, category: type = UserWarning) -> None:
     """``warnings.warn_explicit`` at the first frame outside torch/dmlshim, once per site."""
     site = events.last_user_frame_info()
     file, line = site if site is not None else ("<unknown>", 0)
     key = (file, line, category.__name__)
-    if key in _warned_sites:
+    warned = registry.current().warned_sites
+    if key in warned:
         return
-    _warned_sites.add(key)
+    warned.add(key)
     warnings.warn_explicit(message, category, file, line)
 
 
@@ -85,7 +82,7 @@ def _in_progress(it: Any) -> bool:
 
 def pass_in_progress(exclude: Any = None) -> bool:
     """Whether some DataLoader's latest pass has started and not reached its end."""
-    for loader, ref in list(REGISTRY.loaders.items()):
+    for loader, ref in list(registry.current().loaders.items()):
         if loader is exclude:
             continue
         it = ref()
@@ -96,7 +93,7 @@ def pass_in_progress(exclude: Any = None) -> bool:
 
 def remember_iterator(loader: Any, iterator: Any) -> None:
     try:
-        REGISTRY.loaders[loader] = weakref.ref(iterator)
+        registry.current().loaders[loader] = weakref.ref(iterator)
     except TypeError:  # an iterator type without weakref support: ignore it
         pass
 
@@ -127,11 +124,12 @@ def on_train_after_eval(policy: str) -> None:
 
 def audit(policy: str) -> int:
     """Rebind (rebind/reset) or report (off) optimizers holding replaced Parameters."""
-    if REGISTRY.replaced_since_audit == 0:
+    reg = registry.current()
+    if reg.replaced_since_audit == 0:
         return 0
-    REGISTRY.replaced_since_audit = 0
+    reg.replaced_since_audit = 0
     found = 0
-    for opt in REGISTRY.live_optimizers():
+    for opt in reg.live_optimizers():
         mapping = remap.mapping_from_registry(opt)
         if not mapping:
             continue
@@ -144,7 +142,7 @@ def audit(policy: str) -> int:
 
 
 def report_stale(opt: torch.optim.Optimizer, n: int) -> None:
-    info = REGISTRY.info(opt)
+    info = registry.current().info(opt)
     if info is None or info.reported_stale:
         return
     info.reported_stale = True
@@ -164,7 +162,7 @@ def report_stale(opt: torch.optim.Optimizer, n: int) -> None:
 def reset_state() -> int:
     """The ``reset`` policy: clear every optimizer's state, keep its param groups (and LR)."""
     n = 0
-    for opt in REGISTRY.live_optimizers():
+    for opt in registry.current().live_optimizers():
         if opt.state:
             opt.state.clear()
             n += 1
@@ -172,8 +170,3 @@ def reset_state() -> int:
         events.note("optimizer.reset", n)
         log.debug("epoch boundary: state of %d optimizer(s) cleared (DMLSHIM_OPTIMIZER=reset)", n)
     return n
-
-
-def clear_sites() -> None:
-    _warned_sites.clear()
-

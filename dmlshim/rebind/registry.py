@@ -11,7 +11,7 @@ import gc
 import itertools
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -63,6 +63,8 @@ class Registry:
     loaders: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     # replacements recorded since the last audit: the audit is free while this is 0
     replaced_since_audit: int = 0
+    # (file, line, warning class) of the user call sites warned about (once per site)
+    warned_sites: Set[Tuple[str, int, str]] = field(default_factory=set)
     _seq: Iterator[int] = field(default_factory=itertools.count)
 
     # -- optimizers ------------------------------------------------------------------------
@@ -126,12 +128,6 @@ class Registry:
             events.note("optimizer.found_at_install", n_opt)
         return n_opt, n_sched
 
-    def clear(self) -> None:
-        self.optimizers = WeakIdKeyDictionary()
-        self.schedulers = WeakIdKeyDictionary()
-        self.replaced = WeakIdKeyDictionary()
-        self.loaders = WeakIdKeyDictionary()
-        self.replaced_since_audit = 0
 
 
 def _any_optimizer_created() -> bool:
@@ -150,5 +146,11 @@ def _any_optimizer_created() -> bool:
     return False
 
 
-#: the one registry of this process (cleared at uninstall)
-REGISTRY = Registry()
+def current() -> Registry:
+    """The installation's registry (``api.Shim.rebind``); an empty throwaway one when nothing
+    is installed, so nothing outlives uninstall()."""
+    from dmlshim import api
+
+    shim = api.session()
+    found = shim.rebind if shim is not None else None
+    return found if found is not None else Registry()

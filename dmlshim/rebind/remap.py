@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from dmlshim import events
-from dmlshim.rebind.registry import REGISTRY
+from dmlshim.rebind import registry
 
 log = logging.getLogger("dmlshim")
 
@@ -107,7 +107,7 @@ def collect_replacements(slots: List[ParamSlot], retie: str = "always",
         if new is None or new is old:
             continue
         out[key] = (old, new)
-        REGISTRY.record_replaced(old, module0, name0)
+        registry.current().record_replaced(old, module0, name0)
     return out
 
 
@@ -228,11 +228,12 @@ def rebind_all(mapping: Replacements, optimizers: List[torch.optim.Optimizer],
 def mapping_from_registry(optimizer: torch.optim.Optimizer) -> Replacements:
     """Replacements for the parameters ``optimizer`` holds that a recorded conversion replaced."""
     out: Replacements = {}
-    if len(REGISTRY.replaced) == 0:
+    reg = registry.current()
+    if len(reg.replaced) == 0:
         return out
     for group in optimizer.param_groups:
         for p in group["params"]:
-            new = REGISTRY.successor(p)
+            new = reg.successor(p)
             if new is not None:
                 out[id(p)] = (p, new)
     return out

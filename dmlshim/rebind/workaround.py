@@ -35,7 +35,8 @@ from typing import Any, Optional
 import torch
 
 from dmlshim import events
-from dmlshim.rebind.registry import REGISTRY, OptimizerInfo
+from dmlshim.rebind import registry
+from dmlshim.rebind.registry import OptimizerInfo
 
 log = logging.getLogger("dmlshim")
 
@@ -94,7 +95,7 @@ def _has_stepped(opt: torch.optim.Optimizer) -> bool:
         return True
     # a scheduler's own constructor steps it to last_epoch 0
     return any(getattr(s, "optimizer", None) is opt and getattr(s, "last_epoch", 0) > 0
-               for s in REGISTRY.live_schedulers())
+               for s in registry.current().live_schedulers())
 
 
 def _continues(old: torch.optim.Optimizer, old_info: OptimizerInfo,
@@ -110,7 +111,7 @@ def predecessor(new: torch.optim.Optimizer,
     """The newest live optimizer that ``new`` re-creates (see the module docstring)."""
     best = None
     best_info: Optional[OptimizerInfo] = None
-    for opt, info in list(REGISTRY.optimizers.items()):
+    for opt, info in list(registry.current().optimizers.items()):
         if opt is new or type(opt) is not type(new):
             continue
         if best_info is not None and info.seq < best_info.seq:
@@ -125,7 +126,7 @@ def predecessor(new: torch.optim.Optimizer,
 def continue_from(new: torch.optim.Optimizer, old: torch.optim.Optimizer,
                   new_info: OptimizerInfo) -> bool:
     """Make ``new`` carry on where ``old`` is. Returns whether its learning rates followed."""
-    old_info = REGISTRY.info(old)
+    old_info = registry.current().info(old)
     old_ctor = old_info.ctor_groups if old_info is not None else []
     lr_followed = True
     for i, (g_new, g_old) in enumerate(zip(new.param_groups, old.param_groups)):
@@ -172,7 +173,7 @@ def _track_step_for_scheduler(opt: torch.optim.Optimizer, old: torch.optim.Optim
 
 def move_schedulers(new: torch.optim.Optimizer, old: torch.optim.Optimizer) -> int:
     moved = 0
-    for sched in REGISTRY.live_schedulers():
+    for sched in registry.current().live_schedulers():
         if getattr(sched, "optimizer", None) is old:
             sched.optimizer = new
             if isinstance(sched, torch.optim.lr_scheduler.LRScheduler) and \
