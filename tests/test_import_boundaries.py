@@ -2,7 +2,8 @@
 
 * The emulator (``dmlshim/emulator/``) stands in for the torch-directml wheel, so it must not
   depend on the product it is used to test: its imports of dmlshim are ``dmlshim.emulator.*``
-  and the neutral kernel formulas (``dmlshim.formulas``), which import nothing of dmlshim.
+  and the neutral kernel modules (``dmlshim.formulas``, ``dmlshim.autocast_kernels``: plain
+  torch, shared with the product), which import nothing of dmlshim.
 * What a target can do is asked of :mod:`dmlshim.capabilities`: outside the modules that define
   the kinds, no ``<x>.kind`` is compared with a kind string.
 """
@@ -15,7 +16,7 @@ from typing import Iterator, List, Tuple
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dmlshim"
 EMULATOR = PACKAGE / "emulator"
-EMULATOR_MAY_IMPORT = ("dmlshim.emulator", "dmlshim.formulas")
+EMULATOR_MAY_IMPORT = ("dmlshim.emulator", "dmlshim.formulas", "dmlshim.autocast_kernels")
 # Modules that define what the kinds are (and the emulator, which has its own kinds).
 KIND_OWNERS = ("target.py", "capabilities.py", "config.py", "emulator/")
 
@@ -112,6 +113,7 @@ def test_the_emulator_imports_only_itself_and_the_formulas():
 
 def test_the_formulas_import_nothing_of_dmlshim():
     assert imports_of(PACKAGE / "formulas.py") == []
+    assert imports_of(PACKAGE / "autocast_kernels.py") == []
 
 
 def test_the_import_scan_sees_every_form():

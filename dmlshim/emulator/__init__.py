@@ -126,9 +126,13 @@ def set_switches(switches: Iterable[str]) -> None:
 
 def _sync_registrations() -> None:
     if state.registered:
-        from dmlshim.emulator import _autocast
+        from dmlshim import autocast_kernels
 
-        _autocast.sync()
+        # the wheel has no autocast kernels (the gap); without the gap, CUDA-like ones
+        if state.autocast:
+            autocast_kernels.release("emulator")
+        else:
+            autocast_kernels.hold("emulator")
 
 
 def switches() -> frozenset:

@@ -1,23 +1,13 @@
-"""Autocast on the emulated device.
+"""Autocast kernels for the ``privateuseone`` device, shared by DirectML and its emulator.
 
-torch-directml 0.2.5 on torch 2.4.1 (checked against the real package): the device module
-has ``get_amp_supported_dtype() -> [float16]``, so ``torch.autocast("privateuseone")`` is
-accepted (bfloat16 warns and disables itself). Entering it turns on the AutocastPrivateUse1
-dispatch key, for which neither PyTorch nor torch-directml registers a kernel or a
-fallthrough: the first operator on a DirectML tensor inside the region raises
-``NotImplementedError: Could not run 'aten::...' with arguments from the
-'AutocastPrivateUse1' backend``. (#454's "device_type must be 'cuda' or 'cpu'" was the
-torch 1.13 era.) With the ``autocast`` switch on the emulator registers nothing, so the same
-happens.
-
-With the switch off the emulator registers a fallthrough for AutocastPrivateUse1 and CUDA-like
-cast policies for common ops (float16/the autocast dtype for matmul/conv/linear, float32 for
-losses, softmax and normalisations); everything else runs in the input dtype.
-
-The same kernels serve dmlshim's float32 autocast regions on real and emulated DirectML
-(``dmlshim.patches.amp``: the region's autocast dtype is float32, so eligible ops cast their
-float16 inputs up). Registrations are shared: they exist while anyone holds them
-(:func:`hold` / :func:`release`).
+torch-directml 0.2.5 registers no AutocastPrivateUse1 kernel or fallthrough (#454): the first
+operator on a DirectML tensor inside ``torch.autocast("privateuseone")`` raises
+``NotImplementedError: Could not run 'aten::...' with arguments from the 'AutocastPrivateUse1'
+backend``. These kernels are CUDA-like cast policies (the autocast dtype for matmul/conv/linear,
+float32 for losses, softmax and normalisations, a fallthrough for the rest). dmlshim's AMP patch
+holds them on DirectML (its float32 regions cast float16 inputs up), and the emulator holds
+them when its ``autocast`` gap is off. Plain torch only: neither side's module (see
+tests/test_import_boundaries.py). Registrations exist while anyone holds them.
 """
 
 from __future__ import annotations
@@ -25,8 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Set
 
 import torch
-
-from dmlshim.emulator._state import state
 
 LOWER_PRECISION = (
     "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "linear", "einsum",
@@ -110,15 +98,3 @@ def release(holder: str) -> None:
 
 def registered() -> bool:
     return _fallthrough_lib is not None
-
-
-def sync() -> None:
-    """Make the emulator's hold on the registrations match the ``autocast`` switch."""
-    if state.autocast:
-        release("emulator")
-    else:
-        hold("emulator")
-
-
-def install() -> None:
-    sync()
