@@ -123,12 +123,7 @@ class SerializationPatch(Patch):
             if dev is None:
                 return None
             _note_location(location, dev)
-            dest = _DEST.top
-            if dest is not None and dev.type != "cpu":
-                storage = _untyped(obj)
-                dest[storage._cdata] = dev
-                return storage
-            return storage_to_device(obj, dev)
+            return place_storage(obj, dev)
 
         entry = (REGISTRY_PRIORITY, tagger, deserializer)
         registry = _ser._package_registry
