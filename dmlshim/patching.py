@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import wrapt
 
@@ -101,11 +102,55 @@ class Reentry(threading.local):
         self.depth -= 1
 
 
+def resolve(dotted: str) -> Any:
+    """The object a dotted name denotes among the imported modules (None: not imported)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        obj = sys.modules.get(".".join(parts[:cut]))
+        if obj is None:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return None
+        return obj
+    return None
+
+
+@dataclass(frozen=True)
+class Owns:
+    """Attributes a patch may wrap or replace, as data (gevent.monkey's ``__implements__``).
+
+    ``owner`` is a dotted name (a module or class, resolved among the imported modules, so a
+    framework that is imported later can be named); ``names`` the attribute names, or ``"*"``
+    for any attribute of that owner. With ``subclasses=True`` the names belong on the owner's
+    strict subclasses (every optimizer's ``step``), not on the owner itself.
+    """
+
+    owner: str
+    names: Union[Tuple[str, ...], str]
+    subclasses: bool = False
+
+    def covers(self, owner: Any, name: str) -> bool:
+        if self.names != "*" and name not in self.names:
+            return False
+        declared = resolve(self.owner)
+        if declared is None:
+            return False
+        if not self.subclasses:
+            return owner is declared
+        return isinstance(owner, type) and isinstance(declared, type) and owner is not declared \
+            and issubclass(owner, declared)
+
+
 class Patch:
     """One area's patches. Subclasses implement :meth:`_install` using :meth:`wrap`/:meth:`replace`."""
 
     #: short name used in logs, reports and ``install(patches=...)``
     name = "patch"
+    #: what this patch may wrap or replace; nothing else (tests/test_patch_owners.py checks
+    #: that no two patches own the same attribute)
+    owns: Tuple[Owns, ...] = ()
 
     def __init__(self) -> None:
         self._installed = False
@@ -166,6 +211,9 @@ class Patch:
         key = (id(owner), name)
         if key in _originals:
             raise RuntimeError(f"dmlshim: {owner!r}.{name} is already patched")
+        if not any(o.covers(owner, name) for o in self.owns):
+            raise RuntimeError(f"dmlshim: the {self.name} patch changes {_dotted(owner)}.{name}, "
+                               "which its `owns` does not declare")
         own = vars(owner).get(name, _MISSING)
         original = getattr(owner, name, None)
         _originals[key] = (owner, name, own, original)
@@ -200,6 +248,12 @@ class Patch:
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` at uninstall (for state that is not an attribute, e.g. a registered hook)."""
         self._undo.append(fn)
+
+
+def _dotted(owner: Any) -> str:
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return getattr(owner, "__name__", repr(owner))
 
 
 def when_imported(module_name: str, fn: Callable[[Any], None]) -> None:

@@ -33,7 +33,7 @@ import torch.amp.autocast_mode as _autocast_mode
 import torch.amp.grad_scaler as _grad_scaler
 
 from dmlshim import capabilities, events
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
 
@@ -136,6 +136,10 @@ def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[s
 
 class AmpPatch(Patch):
     name = "amp"
+    owns = (Owns("torch.amp.autocast_mode.autocast", ("__init__",)),
+            Owns("torch.amp.grad_scaler.GradScaler", ("__init__", "state_dict", "load_state_dict")),
+            Owns("torch.amp", ("custom_fwd", "custom_bwd")),
+            Owns("torch.amp.autocast_mode", ("custom_fwd", "custom_bwd")))
 
     def applies(self, target) -> bool:
         return target.redirects

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from dmlshim import events
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 
 def _describe(kwargs: dict) -> str:
@@ -30,6 +30,7 @@ def _describe(kwargs: dict) -> str:
 
 class CompilePatch(Patch):
     name = "compile"
+    owns = (Owns("torch", ("compile",)),)
 
     def applies(self, target) -> bool:
         return target.is_directml

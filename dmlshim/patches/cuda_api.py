@@ -27,7 +27,7 @@ import wrapt
 
 from dmlshim import backend, conversions, devicemap, events
 from dmlshim.backend import _index
-from dmlshim.patching import TORCH_CALLERS, Patch, called_from_torch, get_original
+from dmlshim.patching import TORCH_CALLERS, Owns, Patch, called_from_torch, get_original
 
 
 class UnsupportedCudaAPI(RuntimeError):
@@ -792,6 +792,9 @@ def _nvtx_range(*args: Any, **kwargs: Any):
 
 class CudaAPIPatch(Patch):
     name = "cuda_api"
+    owns = (Owns("torch.cuda", "*"), Owns("torch.cuda.nvtx", "*"), Owns("torch.accelerator", "*"),
+            Owns("torch.accelerator.memory", "*"),
+            Owns("torch.backends.cudnn", ("is_available", "version")))
 
     def applies(self, target) -> bool:
         return True

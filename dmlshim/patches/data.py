@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch.utils.data
 
 from dmlshim import devicemap, events
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 
 class DataLoaderPatch(Patch):
     name = "data"
+    owns = (Owns("torch.utils.data.DataLoader", ("__init__",)),)
 
     def applies(self, target) -> bool:
         return target.redirects

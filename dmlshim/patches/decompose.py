@@ -30,7 +30,7 @@ import torch
 
 from dmlshim import events
 from dmlshim.decompositions import falls_back, register
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
 
@@ -63,6 +63,7 @@ def _without_privateuse1(original: Callable[[], List[str]]) -> Callable[[], List
 
 class DecomposePatch(Patch):
     name = "decompose"
+    owns = tuple(Owns(m, ("_get_foreach_kernels_supported_devices",)) for m in FOREACH_DEVICE_LISTS)
 
     def applies(self, target) -> bool:
         return target.is_directml

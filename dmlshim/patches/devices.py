@@ -19,7 +19,7 @@ import torch.utils._device as _torch_device
 from dmlshim import conversions, devicemap, events
 from dmlshim.devicemap import map_device
 from dmlshim.patches.oom import reraise as oom_reraise
-from dmlshim.patching import Patch, called_from_torch, get_original
+from dmlshim.patching import Owns, Patch, called_from_torch, get_original
 
 # torch.* factories that take device= but are not in torch's own list of device constructors.
 _EXTRA_FACTORIES = (
@@ -297,6 +297,13 @@ def _dtype_method(api: str, dtype: torch.dtype, t_to: Any):
 
 class DevicesPatch(Patch):
     name = "devices"
+    owns = (Owns("torch.Tensor", ("cuda", "type", "to", "double", "bfloat16", "share_memory_",
+                                "is_cuda", "pin_memory") + TENSOR_NEW_METHODS),
+            Owns("torch.nn.Module", ("cuda", "to", "to_empty")),
+            Owns("torch.storage._StorageBase", ("cuda",)),
+            Owns("torch", factory_names() + ("Generator", "set_default_device")),
+            Owns("torch.utils._device.DeviceContext", ("__init__",)))
+    owns += tuple(Owns(module, (name,)) for module, name, _ in _SUBMODULE_FACTORIES)
 
     def applies(self, target) -> bool:
         return target.redirects  # on real CUDA every wrapper would be a pass-through

@@ -44,7 +44,7 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from dmlshim import capabilities, events
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
 
@@ -101,6 +101,7 @@ def _exit_code(code: Any) -> int:
 
 class DiagnosticsPatch(Patch):
     name = "diagnostics"
+    owns = (Owns("warnings", ("_showwarnmsg", "showwarning")), Owns("sys", ("excepthook", "exit")))
 
     def applies(self, target) -> bool:
         return True

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dmlshim import devicemap, events
-from dmlshim.patching import Patch, called_from_torch
+from dmlshim.patching import Owns, Patch, called_from_torch
 
 log = logging.getLogger("dmlshim")
 
@@ -226,6 +226,13 @@ def _create_staging_group(store, rank: int, size: int, timeout: timedelta) -> St
 
 class DistributedPatch(Patch):
     name = "distributed"
+    owns = (Owns("torch.distributed", ("init_process_group", "new_group", "get_backend",
+                                     "is_nccl_available", "is_backend_available")),
+            Owns("torch.distributed.distributed_c10d", ("init_process_group", "new_group",
+                                                        "get_backend", "is_nccl_available",
+                                                        "is_backend_available")),
+            Owns("torch.nn.parallel.DistributedDataParallel", ("__init__",)),
+            Owns("torch.nn.DataParallel", ("__init__",)))
 
     def applies(self, target) -> bool:
         return target.redirects and dist.is_available()

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from dmlshim import capabilities, events
 from dmlshim.patches.guard_kernels import KERNEL_GUARDS
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
 
@@ -55,6 +55,7 @@ def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[s
 
 class GuardsPatch(Patch):
     name = "guards"
+    owns = (Owns("torch.nn.functional", ("batch_norm",)),)
 
     def applies(self, target) -> bool:
         return target.is_directml

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from dmlshim import events
-from dmlshim.patching import Patch, ThreadStack, called_from_torch
+from dmlshim.patching import Owns, Patch, ThreadStack, called_from_torch
 
 _MODES = ThreadStack()  # the modes of the emulated regions open in this thread, innermost last
 
@@ -59,6 +59,7 @@ def _is_enabled(wrapped, instance, args, kwargs):
 
 class InferenceModePatch(Patch):
     name = "inference"
+    owns = (Owns("torch.inference_mode", ("__enter__", "__exit__")), Owns("torch", ("is_inference_mode_enabled",)))
 
     def applies(self, target) -> bool:
         return target.is_directml

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from dmlshim import capabilities
-from dmlshim.patching import Patch, is_patched, when_imported
+from dmlshim.patching import Owns, Patch, is_patched, when_imported
 
 log = logging.getLogger("dmlshim")
 
@@ -114,6 +114,10 @@ FRAMEWORK_PREDICATES = (
 
 class OutOfMemoryPatch(Patch):
     name = "oom"
+    owns = (Owns("torch.autograd", ("backward", "grad")),
+            Owns("torch.optim.Optimizer", ("__init_subclass__",)),
+            Owns("torch.optim.Optimizer", ("step",), subclasses=True))
+    owns += tuple(Owns(module, (attr,)) for module, attr in FRAMEWORK_PREDICATES)
 
     def applies(self, target) -> bool:
         return target.is_directml

@@ -31,7 +31,7 @@ import torch
 import torch.utils.data
 
 from dmlshim.config import OptimizerPolicy
-from dmlshim.patching import Patch, Reentry, ThreadStack, get_original
+from dmlshim.patching import Owns, Patch, Reentry, ThreadStack, get_original
 from dmlshim.rebind import boundaries, registry, remap, workaround
 from dmlshim.rebind.registry import SCHEDULER_TYPES
 
@@ -85,6 +85,13 @@ class HookedLookup:
 
 class OptimizerRebindPatch(Patch):
     name = "optim"
+    owns = (Owns("torch.nn.Module", ("_apply", "load_state_dict", "train")),
+            Owns("torch.optim.Optimizer", ("__init__", "_accelerator_graph_capture_health_check",
+                                           "_cuda_graph_capture_health_check")),
+            Owns("torch.optim.lr_scheduler.LRScheduler", ("__init__", "step")),
+            Owns("torch.optim.lr_scheduler.LRScheduler", ("__init__", "step"), subclasses=True),
+            Owns("torch.optim.lr_scheduler.ReduceLROnPlateau", ("__init__", "step")),
+            Owns("torch.utils.data.DataLoader", ("__iter__",)))
 
     def applies(self, target) -> bool:
         # Parameters get replaced wherever a PrivateUse1 backend, the overwrite flag or

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from dmlshim import capabilities, events
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 FLAGS = ("fused", "capturable")
 
@@ -46,6 +46,7 @@ def optimizer_classes() -> List[Tuple[type, Tuple[str, ...]]]:
 
 class OptimFlagsPatch(Patch):
     name = "optim_flags"
+    owns = (Owns("torch.optim.Optimizer", ("__init__",), subclasses=True),)
 
     def applies(self, target) -> bool:
         return target.redirects

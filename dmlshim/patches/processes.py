@@ -31,7 +31,7 @@ import torch.utils._pytree as pytree
 
 from dmlshim import capabilities, devicemap, events
 from dmlshim.childenv import ChildEnvironment
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
 
@@ -58,6 +58,9 @@ def child_environment(config, target=None) -> ChildEnvironment:
 
 class ProcessesPatch(Patch):
     name = "processes"
+    owns = (Owns("torch.nn.Module", ("share_memory",)),
+            Owns("torch.multiprocessing.spawn", ("start_processes",)),
+            Owns("torch.multiprocessing", ("start_processes",)))
 
     def applies(self, target) -> bool:
         return target.redirects

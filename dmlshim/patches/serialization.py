@@ -37,7 +37,7 @@ import torch.serialization as _ser
 import torch.storage as _storage
 
 from dmlshim import conversions, devicemap, events
-from dmlshim.patching import Patch, ThreadStack, get_original
+from dmlshim.patching import Owns, Patch, ThreadStack, get_original
 
 log = logging.getLogger("dmlshim")
 
@@ -77,6 +77,7 @@ def storage_to_device(storage: Any, device: torch.device) -> Any:
 
 class SerializationPatch(Patch):
     name = "serialization"
+    owns = (Owns("torch", ("load", "save")), Owns("torch.serialization", ("load", "save")))
 
     def applies(self, target) -> bool:
         return target.redirects

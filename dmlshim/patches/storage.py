@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from dmlshim import conversions
-from dmlshim.patching import Patch
+from dmlshim.patching import Owns, Patch
 
 
 def refuses_sharing(device_type: str) -> Callable[[torch.Tensor], bool]:
@@ -40,6 +40,7 @@ def refuses_sharing(device_type: str) -> Callable[[torch.Tensor], bool]:
 
 class DeviceStoragePatch(Patch):
     name = "storage"
+    owns = (Owns("torch.Tensor", ("is_shared",)),)
 
     def applies(self, target) -> bool:
         return target.is_directml
