@@ -51,12 +51,22 @@ _PRESERVE = torch.preserve_format
 _INFERRING = ("tensor", "as_tensor", "asarray")
 
 
-def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
-    """The wrapper of a factory (``name``: its torch name) or of another device-taking call."""
+# What a device-argument call does after the device rule: the rules of a torch factory, of
+# Tensor.to, of Tensor.new_*, or none (Module.to, submodule factories).
+FACTORY, TENSOR_TO, NEW_METHOD, DEVICE_ONLY = "factory", "Tensor.to", "Tensor.new_*", "device"
+
+
+def _device_kwarg(api: str, position: Optional[int] = None, name: str = "",
+                  kind: str = DEVICE_ONLY):
+    """The wrapper of a call taking ``device=`` (or a device at ``position``): the device rule,
+    then the dtype and memory-format rules of its ``kind`` (``name``: a factory's torch name),
+    then the call's one event. One body for every such entry point, so the device rule's inline
+    pre-check is written once."""
+    if name:
+        kind = FACTORY
     infers = name in _INFERRING
     likes = name.endswith("_like")
     positional_dtype = name == "as_tensor"  # as_tensor(data, dtype=None, device=None)
-    factory = bool(name)
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
@@ -84,100 +94,46 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = ""):
                         moved = (dev, new, "device")
                         dev = new
             rules = conversions.DTYPE_RULES
-            if factory and rules:
-                # the dtype rules, only when the result could have one of their dtypes
-                dtype = kwargs.get("dtype")
-                if dtype is not None:
-                    hit = dtype in rules
-                elif positional_dtype and len(args) > 1:
-                    hit = True
-                elif likes:
-                    hit = bool(args) and getattr(args[0], "dtype", None) in rules
-                elif infers:
-                    hit = not (dev.__class__ is str and dev == "cpu"
-                               or dev.__class__ is _DEVICE and dev.type == "cpu")
-                else:
-                    hit = torch.get_default_dtype() in rules
-                if hit:
-                    return conversions.call_factory(name, wrapped, args, kwargs, moved)
-            if moved is not None:
-                events.redirected(api, moved[0], moved[1], arg=moved[2])
-            return wrapped(*args, **kwargs)
-        except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
-            oom_reraise(exc)
-            raise
-
-    return wrapper
-
-
-def _tensor_to(wrapped, instance, args, kwargs):
-    """``Tensor.to``: the device rule; the dtype and memory-format rules when registered."""
-    try:
-        api = "Tensor.to"
-        moved = None
-        if args:
-            first = args[0]
-            cls = first.__class__
-            if (cls is str and first.startswith("cuda")) or cls is int \
-                    or (cls is _DEVICE and first.type == "cuda"):
-                new = map_device(first, int_is_cuda=True)
-                if new is not first:
-                    args = (new,) + args[1:]
-                    moved = (first, new, "")
-        dev = kwargs.get("device")
-        if dev is not None:
-            cls = dev.__class__
-            if (cls is str and dev.startswith("cuda")) or cls is int \
-                    or (cls is _DEVICE and dev.type == "cuda"):
-                new = map_device(dev, int_is_cuda=True)
-                if new is not dev:
-                    kwargs["device"] = new
-                    moved = (dev, new, "device")
-        rules = conversions.DTYPE_RULES
-        if rules or conversions.MEMORY_FORMAT_RULE is not None:
-            hit = instance.dtype in rules or kwargs.get("dtype") in rules \
-                or kwargs.get("memory_format") is not None
-            if not hit:
-                for a in args:
-                    if (a.__class__ is _DTYPE and a in rules) \
-                            or (isinstance(a, torch.Tensor) and a.dtype in rules):
+            if kind is FACTORY:
+                if rules:
+                    # the dtype rules, only when the result could have one of their dtypes
+                    dtype = kwargs.get("dtype")
+                    if dtype is not None:
+                        hit = dtype in rules
+                    elif positional_dtype and len(args) > 1:
                         hit = True
-                        break
-            if hit:
-                rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
-                if rewritten is not None:
-                    return wrapped(*rewritten[0], **rewritten[1])
-        if moved is not None:
-            events.redirected(api, moved[0], moved[1], arg=moved[2])
-        return wrapped(*args, **kwargs)
-    except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
-        oom_reraise(exc)
-        raise
-
-
-def _new_method(api: str):
-    def wrapper(wrapped, instance, args, kwargs):
-        try:
-            moved = None
-            dev = kwargs.get("device")
-            if dev is not None:
-                cls = dev.__class__
-                if (cls is str and dev.startswith("cuda")) or cls is int \
-                        or (cls is _DEVICE and dev.type == "cuda"):
-                    new = map_device(dev, int_is_cuda=True)
-                    if new is not dev:
-                        kwargs["device"] = new
-                        moved = (dev, new, "device")
-                        dev = new
-            dtype = kwargs.get("dtype")
-            new_dtype = None
-            if dtype is not None and dtype in conversions.DTYPE_RULES:
-                new_dtype = conversions.dtype_for(api, dtype, dev if dev is not None else instance.device)
-                if new_dtype is not None:
-                    kwargs = dict(kwargs, dtype=new_dtype)
-            if new_dtype is not None:
-                conversions.record(api, moved, (dtype, new_dtype))
-            elif moved is not None:
+                    elif likes:
+                        hit = bool(args) and getattr(args[0], "dtype", None) in rules
+                    elif infers:
+                        hit = not (dev.__class__ is str and dev == "cpu"
+                                   or dev.__class__ is _DEVICE and dev.type == "cpu")
+                    else:
+                        hit = torch.get_default_dtype() in rules
+                    if hit:
+                        return conversions.call_factory(name, wrapped, args, kwargs, moved)
+            elif kind is TENSOR_TO:
+                if rules or conversions.MEMORY_FORMAT_RULE is not None:
+                    hit = instance.dtype in rules or kwargs.get("dtype") in rules \
+                        or kwargs.get("memory_format") is not None
+                    if not hit:
+                        for a in args:
+                            if (a.__class__ is _DTYPE and a in rules) \
+                                    or (isinstance(a, torch.Tensor) and a.dtype in rules):
+                                hit = True
+                                break
+                    if hit:
+                        rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
+                        if rewritten is not None:
+                            return wrapped(*rewritten[0], **rewritten[1])
+            elif kind is NEW_METHOD:
+                dtype = kwargs.get("dtype")
+                if dtype is not None and dtype in rules:
+                    new_dtype = conversions.dtype_for(
+                        api, dtype, dev if dev is not None else instance.device)
+                    if new_dtype is not None:
+                        conversions.record(api, moved, (dtype, new_dtype))
+                        return wrapped(*args, **dict(kwargs, dtype=new_dtype))
+            if moved is not None:
                 events.redirected(api, moved[0], moved[1], arg=moved[2])
             return wrapped(*args, **kwargs)
         except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
@@ -313,7 +269,7 @@ class DevicesPatch(Patch):
         self.wrap(torch.Tensor, "cuda", _cuda_method("Tensor.cuda", t_to, tensor=True))
         # x.type(torch.cuda.FloatTensor): legacy typed CUDA tensors (cuda_api's policy)
         self.wrap(torch.Tensor, "type", _tensor_type(t_to))
-        self.wrap(torch.Tensor, "to", _tensor_to)
+        self.wrap(torch.Tensor, "to", _device_kwarg("Tensor.to", position=0, kind=TENSOR_TO))
         # Module.to/.cuda convert each tensor with Tensor.to: the dtype and memory-format rules
         # run there, once per tensor, attributed to the script's model.to() line.
         self.wrap(torch.nn.Module, "cuda",
@@ -329,7 +285,7 @@ class DevicesPatch(Patch):
             self.wrap(torch, name, _device_kwarg("torch." + name, name=name))
         for name in TENSOR_NEW_METHODS:
             if hasattr(torch.Tensor, name):
-                self.wrap(torch.Tensor, name, _new_method("Tensor." + name))
+                self.wrap(torch.Tensor, name, _device_kwarg("Tensor." + name, kind=NEW_METHOD))
         if target.is_directml:
             # x.double() / x.bfloat16() of a device tensor (Module.double() calls them)
             for name, dtype in (("double", torch.float64), ("bfloat16", torch.bfloat16)):
