@@ -275,8 +275,13 @@ def of(target: Any, config: Any = None) -> Capabilities:
 
 
 def current() -> Capabilities:
-    """The capabilities of the installed target (the CPU's when nothing is installed)."""
-    from dmlshim import config as cfgmod
-    from dmlshim import devicemap
+    """The capabilities of the installed target (the session's object, built once at install;
+    the CPU's when nothing is installed)."""
+    from dmlshim import api
 
-    return of(devicemap.target(), cfgmod.current())
+    shim = api.session()
+    if shim is not None:
+        return shim.capabilities
+    from dmlshim import config as cfgmod
+
+    return of(None, cfgmod.load())

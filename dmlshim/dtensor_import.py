@@ -60,7 +60,11 @@ class _Loader:
 
 
 class AllowListGuard:
-    """A one-shot ``sys.meta_path`` finder for ``torch.distributed.tensor``."""
+    """A one-shot ``sys.meta_path`` finder for ``torch.distributed.tensor``.
+
+    ``find_spec`` has the shape of the bootstrap's torch finder (dmlshim/bootstrap/
+    sitecustomize.py) on purpose: the bootstrap imports nothing (not even dmlshim) before torch
+    is imported, so the two cannot share a helper."""
 
     def __init__(self) -> None:
         self._finding = False
