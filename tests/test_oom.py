@@ -130,9 +130,9 @@ def test_uninstall_lifts_the_cap_and_the_translation(shim):
 
 
 def test_uncapped_emulator_adds_no_frame_to_backward_or_step(shim):
+    before = {(owner, name): vars(owner).get(name) for owner, name in OOM_ATTRIBUTES}
     shim(device="emulated-dml")  # no cap: an emulated adapter cannot run out
-    assert all(vars(owner).get(name) is before for (owner, name), before in
-               zip(OOM_ATTRIBUTES, [vars(o).get(n) for o, n in OOM_ATTRIBUTES]))
+    assert {(owner, name): vars(owner).get(name) for owner, name in OOM_ATTRIBUTES} == before
     assert not oom.is_patched(torch.autograd, "backward")
     assert not oom.is_patched(torch.optim.Adam, "step")
 
