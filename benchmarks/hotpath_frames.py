@@ -8,7 +8,7 @@ train steps (after warm-up steps that take the one-time paths), for two steps:
 * ``moves``: the same, plus the three entry-point calls a CUDA-style loop makes each step:
   ``x.cuda()``, ``y.to("cuda")`` and ``torch.zeros(1, device="cuda")``.
 
-Counted apart: frames of the emulator's own dispatch (``dmlshim/emulator/``, the emulated
+Counted apart: frames of the emulator's own dispatch (``emulated_dml/``, the emulated
 device's kernels, and shim frames those kernels enter by calling torch factories) and the
 decomposition kernels (``dmlshim/decompositions/``: ops torch-directml lacks, registered for
 the device so they do not fall back to the CPU; they run on real DirectML too). One process per target, so targets do not see each other's patches::
@@ -43,7 +43,7 @@ def measure(device: str, steps: int, warmup: int, emulator_memory: str = "") -> 
 
     dmlshim.install(device=device, emulator_memory=emulator_memory)
     pkg = os.path.dirname(os.path.abspath(dmlshim.__file__)) + os.sep
-    emu = pkg + "emulator" + os.sep
+    emu = os.path.join(os.path.dirname(pkg.rstrip(os.sep)), "emulated_dml") + os.sep
     kern = pkg + "decompositions" + os.sep  # op kernels registered for the device
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -240,8 +240,9 @@ def _activate(shim: Shim) -> None:
     if shim.capabilities.emulated:
         import torch
 
-        from dmlshim import dtensor_import, emulator
-        from dmlshim.emulator import _compat
+        import emulated_dml as emulator
+        from dmlshim import dtensor_import
+        from emulated_dml import _compat
 
         before = torch.Generator
         emulator.register(shim.target.count, shim.config.emulator_switches())  # routes Generator

@@ -205,22 +205,22 @@ class EmulatedDirectML(Capabilities):
                                   if switch in switches)
 
     def synchronize(self, index: int) -> None:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         emulator.synchronize(index)
 
     def memory_allocated(self, index: int) -> int:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         return emulator.memory_allocated(index)
 
     def max_memory_allocated(self, index: int) -> int:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         return emulator.max_memory_allocated(index)
 
     def reset_peak(self, index: int) -> None:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         emulator.reset_peak_memory_stats(index)
 
@@ -232,7 +232,7 @@ class EmulatedDirectML(Capabilities):
         return bool(self.config is not None and self.config.emulator_memory)
 
     def limit_memory(self, nbytes: Any) -> None:
-        from dmlshim.emulator import _memory
+        from emulated_dml import _memory
 
         _memory.set_limit(nbytes)
 
@@ -248,9 +248,9 @@ class EmulatedDirectML(Capabilities):
         import importlib
 
         try:
-            emulator = importlib.import_module("dmlshim.emulator")
+            emulator = importlib.import_module("emulated_dml")
             if not hasattr(emulator, "register"):
-                raise ImportError("dmlshim.emulator has no register()")
+                raise ImportError("emulated_dml has no register()")
         except Exception as err:  # noqa: BLE001 - any failure is the answer
             return f"the emulator cannot be loaded: {type(err).__name__}: {err}"
         return None
@@ -259,7 +259,7 @@ class EmulatedDirectML(Capabilities):
     emulated = True
 
     def exact_fallback_counts(self) -> Any:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         return emulator.fallback_counts()
 

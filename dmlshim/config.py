@@ -16,7 +16,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 ENV_PREFIX = "DMLSHIM_"
 
-# Emulator fidelity switches (see dmlshim/emulator). The gaps are on by default (under "all");
+# Emulator fidelity switches (see emulated_dml). The gaps are on by default (under "all");
 # bug-bn-stats is opt-in (0.2.5 does not have it); bug-ce-none/bug-mul-bool are the old names of
 # nll-none-backward/mul-bool. The emulator has the same table (emulator/_state.py: it imports
 # nothing of the product, and this one is read before torch is imported);

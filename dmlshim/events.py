@@ -38,6 +38,8 @@ log = logging.getLogger("dmlshim")
 TAGS = ("redirected", "emulated", "unsupported", "dropped")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# the emulator's frames stand in for the wheel's C++: never a call site
+_EMULATOR_DIR = os.path.join(os.path.dirname(_PKG_DIR.rstrip(os.sep)), "emulated_dml") + os.sep
 _SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR,)
 
 
@@ -141,7 +143,7 @@ def configure_prefixes() -> None:
     import torch
     import wrapt
 
-    _SKIP_PREFIXES = (_PKG_DIR, os.path.dirname(torch.__file__) + os.sep,
+    _SKIP_PREFIXES = (_PKG_DIR, _EMULATOR_DIR, os.path.dirname(torch.__file__) + os.sep,
                       os.path.dirname(wrapt.__file__) + os.sep)
 
 

@@ -40,6 +40,8 @@ def _is_shim(module_name: str) -> bool:
     return module_name.startswith("dmlshim.") or module_name.startswith("wrapt")
 
 
+_TRUTH_PACKAGES = frozenset(("torch", "emulated_dml"))
+
 # code object of a caller -> whether it is torch's. A code object belongs to one module, so the
 # answer never changes: the frame walk happens once per calling function, not once per call
 # (torch's Optimizer.step and autograd call patched functions every step).
@@ -76,7 +78,8 @@ def called_from_torch(depth: int = 1) -> bool:
         if _is_shim(name):
             frame = frame.f_back  # type: ignore[assignment]
             continue
-        answer = name == "torch" or name.startswith("torch.")
+        # the emulator stands in for torch-directml's C++, which sees torch's truth too
+        answer = name.split(".", 1)[0] in _TRUTH_PACKAGES
         TORCH_CALLERS[frame.f_code] = answer
         return answer
     return False

@@ -17,7 +17,7 @@ def pytest_configure(config):
     # PyTorch's autograd engine sizes its per-device queues at the first backward() of the
     # process: the emulated device's guard must exist before any CPU test runs backward().
     if "torch_directml" not in sys.modules:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         emulator.install_device_guard()
 

@@ -1,7 +1,7 @@
 """Device kernels for torch-directml's CPU fallbacks (dmlshim.patches.decompose).
 
 On the emulated DirectML device every operator torch-directml 0.2.5 lacks is counted as a CPU
-fallback (dmlshim.emulator.fallback_counts()). Each decomposition is checked op by op against
+fallback (emulated_dml.fallback_counts()). Each decomposition is checked op by op against
 the CPU (forward, and backward where differentiable) with no fallback counted on the way — so a
 decomposition that called an op DirectML lacks would fail here — then on training runs of CUDA
 scripts through the runner against native CPU runs.
@@ -40,7 +40,7 @@ def registered_keys():
 def emu(shim):
     """The emulated DirectML device with decompositions on; fallback counters at zero."""
     shim(device="emulated-dml", decompose="on")
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     emulator.reset_fallback_counts()
     return emulator
@@ -186,7 +186,7 @@ def test_install_registers_on_directml_only_and_uninstall_removes_every_registra
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1"), op
     assert torch.backends.mha.get_fastpath_enabled() is True
     # The emulated device stays registered: the op falls back again, counted.
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     emulator.reset_fallback_counts()
     a, b = torch.zeros(3, device=DEV), torch.ones(3, device=DEV)
@@ -255,7 +255,7 @@ PATHS = {
 
 
 def test_with_decompose_off_the_paths_fall_back_and_with_on_they_do_not(shim):
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     shim(device="emulated-dml", decompose="off")
     for name, (path, ops) in PATHS.items():

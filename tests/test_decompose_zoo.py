@@ -35,7 +35,7 @@ HALF = dict(rtol=1e-2, atol=1e-2)
 def emu(shim):
     """The emulated DirectML device with decompositions on; fallback counters at zero."""
     shim(device="emulated-dml", decompose="on")
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     emulator.reset_fallback_counts()
     return emulator

@@ -427,7 +427,7 @@ def test_emulated_directml_log_and_exact_fallback_counts(tmp_path):
 def test_in_process_emulator_counts(shim, fresh_events):
     import torch
 
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     shim(device="emulated-dml", decompose="off")  # (on, cumprod has a device kernel)
     emulator.reset_fallback_counts()

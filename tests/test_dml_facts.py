@@ -25,9 +25,9 @@ import pytest
 import torch
 from helpers import clean_env, describe
 
-from dmlshim import emulator
-from dmlshim.emulator import _fallback
-from dmlshim.emulator._dml_ops import DML_KERNELS_0_2_5
+import emulated_dml as emulator
+from emulated_dml import _fallback
+from emulated_dml._dml_ops import DML_KERNELS_0_2_5
 
 FACTS = r"""
 import json, os, sys

@@ -1,4 +1,4 @@
-"""The emulated DirectML device (dmlshim.emulator): identity, fidelity switches, CPU parity.
+"""The emulated DirectML device (emulated_dml): identity, fidelity switches, CPU parity.
 
 Runs in-process on torch 2.13 and torch 2.4.1 (where the first run builds the emulator's small
 C++ device guard into the torch extensions cache).
@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dmlshim import emulator
-from dmlshim.emulator import _fallback
+import emulated_dml as emulator
+from emulated_dml import _fallback
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = "The GPU device does not support Double (Float64) operations!"
@@ -522,7 +522,7 @@ def test_register_refused_beside_torch_directml_and_late_registration():
         import sys, types
         import torch
         sys.modules["torch_directml"] = types.ModuleType("torch_directml")
-        from dmlshim import emulator
+        import emulated_dml as emulator
         try:
             emulator.register()
         except emulator.EmulatorError as err:

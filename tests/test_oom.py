@@ -17,9 +17,9 @@ import pytest
 import torch
 from helpers import REPO, clean_env, describe, neutral_cwd
 
-from dmlshim import emulator
-from dmlshim.emulator import _memory
+import emulated_dml as emulator
 from dmlshim.patches import oom
+from emulated_dml import _memory
 
 pytestmark = pytest.mark.emulator
 

@@ -70,7 +70,7 @@ def test_emulated_state_moves_with_parameters_and_exists_once():
 
 def state_moves_with_parameters():
     import dmlshim
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     dmlshim.install(device="emulated-dml", optimizer="rebind")
 

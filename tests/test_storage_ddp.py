@@ -114,7 +114,7 @@ def test_bfloat16_gap_is_in_all():
 def test_forward_and_backward_on_every_emulated_adapter(shim):
     # PyTorch's Python device guard (torch >= 2.5) knows one device; the emulator's C++ guard
     # is built on every torch, so adapter 1 and 2 run backward() (DDP rank 1, devices=2)
-    from dmlshim import emulator
+    import emulated_dml as emulator
 
     shim(device="emulated-dml:3")
     assert emulator.install_device_guard() == "cpp"

@@ -37,7 +37,7 @@ def test_every_patched_attribute_is_restored(device):
         # Registering a PrivateUse1 backend is permanent in a torch process (torch cannot
         # unregister it), and with it the emulator's torch.Generator routing; what install()
         # patches on top must still come back exactly.
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         emulator.register(1)
     before = snapshot(KNOWN)

@@ -419,9 +419,9 @@ def gan_step(task: Task, opts, scaler, batch: Batch) -> torch.Tensor:
 
 def _emulator():
     """dmlshim's emulator when this process trains on it (a benchmark hook, not the recipe)."""
-    if "dmlshim.emulator" not in sys.modules:
+    if "emulated_dml" not in sys.modules:
         return None
-    emulator = sys.modules["dmlshim.emulator"]
+    emulator = sys.modules["emulated_dml"]
     return emulator if emulator.is_registered() else None
 
 

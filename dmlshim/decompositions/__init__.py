@@ -13,7 +13,7 @@ Rules every kernel follows:
   backward or optimizer operators, or forward operators whose derivative formula (in PyTorch's
   derivatives.yaml, registered for the Autograd keys) stays in force;
 * it calls only operators torch-directml 0.2.5 implements (its kernel list is in
-  ``dmlshim/emulator/_dml_ops.py``) — otherwise the fallback would just move — and never the
+  ``emulated_dml/_dml_ops.py``) — otherwise the fallback would just move — and never the
   operator it implements (that would call itself);
 * it is registered only where the operator really falls back: not where torch-directml (or
   anything else) already registered a ``PrivateUse1`` kernel, which a registration would

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from dmlshim.decompositions import Decomposition
-from dmlshim.formulas import fused_lstm_cell  # noqa: F401 - one definition, shared with the emulator
+from emulated_dml.formulas import fused_lstm_cell  # noqa: F401 - one definition, shared with the emulator
 
 Tensor = torch.Tensor
 

@@ -6,7 +6,7 @@ autocast region on the target's device whose autocast dtype is float32, so autoc
 both operands to float16 (a float16 batch into a float32 model works, as in ultralytics'
 validation); torch's "CUDA is not available ... Disabling autocast" warning never fires. On
 DirectML, whose torch-directml has no AutocastPrivateUse1 kernels (microsoft/DirectML#454),
-dmlshim registers the casting kernels for the installed session (``dmlshim/autocast_kernels.py``). A
+dmlshim registers the casting kernels for the installed session (``emulated_dml/autocast_kernels.py``). A
 CUDA ``GradScaler`` is a disabled scaler -- ``scale`` returns its input, ``step`` calls
 ``optimizer.step()``, ``unscale_``/``update`` do nothing -- whose ``state_dict`` still holds the
 scaler settings (so a checkpoint written here resumes an enabled scaler on a CUDA machine) and
@@ -152,7 +152,7 @@ class AmpPatch(Patch):
         if device_type == "privateuseone":
             # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's for the
             # session, after make_plan probed what the device itself can do.
-            from dmlshim import autocast_kernels as _pu1_autocast
+            import emulated_dml.autocast_kernels as _pu1_autocast
 
             _pu1_autocast.hold("dmlshim.amp")
             self.on_undo(lambda: _pu1_autocast.release("dmlshim.amp"))

@@ -10,7 +10,7 @@ Installed last, so it sees every other patch. It
   shim turns ``torch.set_warn_always(True)`` on, which makes that site fire on every fallback,
   and adds an ``always`` warning filter for that message only, so every call is counted; the
   user sees one warning line per op (repeats the filter let through are swallowed). The
-  emulator keeps exact counts (``dmlshim.emulator.fallback_counts()``), which the report uses
+  emulator keeps exact counts (``emulated_dml.fallback_counts()``), which the report uses
   instead. A filter the script adds itself (``warnings.simplefilter("ignore")`` or
   ``"always"``) goes first and decides as it says (ignored warnings are not counted), and a
   script that turns ``warn_always`` off gets it off;
@@ -414,7 +414,7 @@ def fallback_bytes(counting: str) -> Dict[str, Any]:
     if counting != "exact":
         return {}
     try:
-        from dmlshim import emulator
+        import emulated_dml as emulator
 
         moved = emulator.fallback_bytes()
     except (ImportError, AttributeError):

@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from dmlshim import emulator  # noqa: E402
+import emulated_dml as emulator  # noqa: E402
 
 emulator.install_device_guard(cpp=True)
 

@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from dmlshim.emulator import _fallback, _memory, _policy
-from dmlshim.emulator._state import EmulatorError, check_index, state
+from emulated_dml import _fallback, _memory, _policy
+from emulated_dml._state import EmulatorError, check_index, state
 
 F64_MESSAGE = "The GPU device does not support Double (Float64) operations!"
 # torch-directml's tensors are OpaqueTensorImpls (fact 8 of the real wheel).

@@ -1,7 +1,8 @@
 """An emulated DirectML device: torch-directml 0.2.5's ``privateuseone:N``, computed on the CPU.
 
-A test device, standalone: it imports nothing of dmlshim outside ``emulator/`` except the
-shared kernel formulas (``dmlshim.formulas``). What it reproduces of the real wheel, and the
+A test device and a package of its own: ``import emulated_dml`` installs nothing and imports
+nothing of dmlshim (the product imports two of its plain-torch modules, ``formulas`` and
+``autocast_kernels``, rather than the other way round). What it reproduces of the real wheel, and the
 fidelity switches, are in the README ("The DirectML emulator"); each switch's behaviour is
 modelled where it acts (``_ops.py`` wrong results, ``_fallback.py``/``_policy.py`` the CPU
 fallback and the dispatcher model, ``_tensor.py`` storage/inference-mode/bfloat16).
@@ -25,9 +26,9 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
-from dmlshim.emulator import _fallback, _memory
-from dmlshim.emulator._fallback import REPORTED_FALLBACKS, WARNING_TEXT
-from dmlshim.emulator._state import (
+from emulated_dml import _fallback, _memory
+from emulated_dml._fallback import REPORTED_FALLBACKS, WARNING_TEXT
+from emulated_dml._state import (
     ALL_SWITCHES,
     BUGS,
     GAPS,
@@ -39,7 +40,7 @@ from dmlshim.emulator._state import (
     set_count,
     state,
 )
-from dmlshim.emulator._tensor import F64_MESSAGE, EmuTensor
+from emulated_dml._tensor import F64_MESSAGE, EmuTensor
 
 __all__ = [
     "EmulatorError", "EmulatorIndexError", "register", "is_registered", "set_switches",
@@ -70,7 +71,7 @@ def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
     names = parse_switches(switches)
     set_count(count)
     _memory.resize(count)
-    from dmlshim.emulator import _backend, _generator
+    from emulated_dml import _backend, _generator
 
     apply_switches(names)
     _backend.install()
@@ -94,7 +95,7 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
     takes the Python one where torch has it.
     Raises EmulatorError if torch_directml is imported or the C++ guard cannot be built.
     """
-    from dmlshim.emulator import _backend
+    from emulated_dml import _backend
 
     return _backend.install_device_guard(cpp)
 
@@ -107,7 +108,7 @@ def autograd_ready() -> bool:
     emulated device's backward in its device thread, which may need an import lock the
     importing thread holds.
     """
-    from dmlshim.emulator import _backend
+    from emulated_dml import _backend
 
     if not state.registered:
         return False
@@ -126,7 +127,7 @@ def set_switches(switches: Iterable[str]) -> None:
 
 def _sync_registrations() -> None:
     if state.registered:
-        from dmlshim import autocast_kernels
+        from emulated_dml import autocast_kernels
 
         # the wheel has no autocast kernels (the gap); without the gap, CUDA-like ones
         if state.autocast:

@@ -21,7 +21,7 @@ Tensor = torch.Tensor
 
 # The same formula dmlshim registers for real DirectML (one definition, in a module that imports
 # nothing of dmlshim).
-from dmlshim.formulas import fused_lstm_cell  # noqa: E402
+from emulated_dml.formulas import fused_lstm_cell  # noqa: E402
 
 
 def fused_lstm_cell_backward_impl(grad_hy: Optional[Tensor], grad_cy: Optional[Tensor],

@@ -30,7 +30,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from dmlshim.emulator._state import state
+from emulated_dml._state import state
 
 WARNING_TEXT = (
     "The operator '{op}' is not currently supported on the DML backend and will fall back to "
@@ -118,7 +118,7 @@ def _caller_stacklevel() -> int:
     level = 2
     while frame is not None:
         # torch._ops is the OpOverload call/redispatch machinery the emulator goes through.
-        if not frame.f_globals.get("__name__", "").startswith(("dmlshim.emulator", "torch._ops")):
+        if not frame.f_globals.get("__name__", "").startswith(("emulated_dml", "torch._ops")):
             return level
         frame = frame.f_back
         level += 1

@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 import torch
 
-from dmlshim.emulator import _memory, _tensor
-from dmlshim.emulator._state import EmulatorError, check_index, state
-from dmlshim.emulator._tensor import (
+from emulated_dml import _memory, _tensor
+from emulated_dml._state import EmulatorError, check_index, state
+from emulated_dml._tensor import (
     EmuTensor,
     check_float64,
     check_memory_format,
@@ -343,7 +343,7 @@ def install() -> None:
     if _cpp_guard is not None:  # the storage gap needs it (without: storage stays accessible)
         _tensor.refuse_storage = _cpp_guard.refuse_storage
         _tensor.set_metadata = _cpp_guard.set_metadata
-    from dmlshim.emulator import _generator, _ops  # noqa: F401 - _ops fills the op tables
+    from emulated_dml import _generator, _ops  # noqa: F401 - _ops fills the op tables
 
     _generator.install()
     _installed = True

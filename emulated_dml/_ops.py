@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim.emulator import _fallback, _lstm
-from dmlshim.emulator._state import check_index, state
-from dmlshim.emulator._tensor import (
+from emulated_dml import _fallback, _lstm
+from emulated_dml._state import check_index, state
+from emulated_dml._tensor import (
     BUGS,
     CPU_IMPLS,
     SPECIALS,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim.emulator._state import check_index, state
+from emulated_dml._state import check_index, state
 
 _ORIGINAL = torch._C.Generator
 

@@ -30,7 +30,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from dmlshim.emulator._dml_ops import DML_KERNELS_0_2_5
+from emulated_dml._dml_ops import DML_KERNELS_0_2_5
 
 NATIVE, DECOMPOSE, FALLBACK = "native", "decompose", "fallback"
 
