@@ -27,25 +27,35 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dmlshim' has no attribute {name!r}")
 
 
-def _imported_by_runpy_for_runner() -> bool:
-    """True while ``python -m dmlshim`` imports this package to find dmlshim/__main__.py.
+_pending = None  # the TorchImportHook of an install deferred while `python -m` finds its module
 
-    runpy imports a package before running its ``__main__``; the runner only validates the
-    options and replaces itself with the interpreter, so nothing is installed in it. The frame
-    that asks is runpy's own, with the module name it was given (exact, no argv parsing).
+
+def _launch() -> None:
+    from dmlshim import launch
+
+    launch.launch()
+
+
+def runner_started() -> None:
+    """The runner's signal (``python -m dmlshim``): install nothing in this process.
+
+    The runner only validates the options and replaces itself with the interpreter; the install
+    that ``import dmlshim`` deferred (below) is cancelled.
     """
-    if sys.argv[:1] != ["-m"]:  # python sets argv[0] to "-m" until the module is found
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_get_module_details" \
-                and frame.f_globals.get("__name__") == "runpy":
-            return frame.f_locals.get("mod_name") in ("dmlshim.__main__", "dmlshim")
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+    global _pending
+    if _pending is not None:
+        _pending.remove()
+        _pending = None
 
 
-if not _imported_by_runpy_for_runner():
-    from dmlshim import launch as _launch
+if sys.argv[:1] == ["-m"] and "torch" not in sys.modules:
+    # `python -m` is still looking for its module (sys.argv[0] is "-m" until it is found): the
+    # module may be the runner, which says so (runner_started), or a package importing dmlshim
+    # on its way to the script; there the shim installs once torch is imported, as the
+    # bootstrap's does.
+    from dmlshim.bootstrap.sitecustomize import TorchImportHook
 
-    _launch.launch()
+    _pending = TorchImportHook(_launch)
+    sys.meta_path.insert(0, _pending)
+else:
+    _launch()

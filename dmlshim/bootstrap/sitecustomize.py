@@ -127,10 +127,13 @@ class _AfterImport:
 
 
 class TorchImportHook:
-    """A ``sys.meta_path`` finder that runs :func:`_install_dmlshim` after ``import torch``."""
+    """A ``sys.meta_path`` finder that runs ``callback`` (:func:`_install_dmlshim`) once, after
+    ``import torch``. ``import dmlshim`` uses it too, while ``python -m`` is looking for its module
+    (dmlshim/__init__.py)."""
 
-    def __init__(self):
+    def __init__(self, callback=None):
         self._finding = False
+        self._callback = callback or _install_dmlshim
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch" or self._finding:
@@ -155,7 +158,7 @@ class TorchImportHook:
 
     def _torch_imported(self):
         self.remove()
-        _install_dmlshim()
+        self._callback()
 
     def remove(self):
         if self in sys.meta_path:
