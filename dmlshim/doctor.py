@@ -78,7 +78,7 @@ def _base_version(v: str) -> str:
 
 def _wsl() -> bool:
     return sys.platform.startswith("linux") and ("microsoft" in platform.release().lower()
-                                                 or os.path.exists(targetmod.DXG_PATH))
+                                                 or os.path.exists(targetmod.dxg_path()))
 
 
 def _capabilities(tgt: targetmod.Target, cfg: cfgmod.Config):

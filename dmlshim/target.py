@@ -21,6 +21,8 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import List, Optional
 
+from dmlshim import config
+
 log = logging.getLogger("dmlshim")
 
 PROBE_CACHE_ENV = "DMLSHIM_PROBE_CACHE"  # internal: JSON of a finished probe, for children
@@ -101,10 +103,15 @@ def _cpu_name() -> str:
 
 _probe: Optional[DirectMLProbe] = None
 
-# Where WSL2's GPU driver shows itself; without it Linux has no DirectML adapter (a test
-# points this at a missing path to arrange "no adapter" on any machine).
+# Where WSL2's GPU driver shows itself; without it Linux has no DirectML adapter. Tests point
+# DMLSHIM_DXG_PATH at a missing path to arrange "no adapter" on any machine.
 DXG_PATH = "/dev/dxg"
+DXG_PATH_ENV = config.INTERNAL_BY_NAME["dxg_path"].env
 WSL_LIB_DIR = "/usr/lib/wsl/lib"
+
+
+def dxg_path() -> str:
+    return os.environ.get(DXG_PATH_ENV) or DXG_PATH
 
 
 def directml_package_dir() -> Optional[str]:
@@ -117,13 +124,13 @@ def directml_package_dir() -> Optional[str]:
 def _driver_present() -> bool:
     """Whether this machine has a DirectML driver (Windows, or WSL2's ``/dev/dxg``)."""
     return sys.platform == "win32" or (sys.platform.startswith("linux")
-                                       and os.path.exists(DXG_PATH))
+                                       and os.path.exists(dxg_path()))
 
 
 def cheap_directml_check() -> Optional[str]:
     """Reason DirectML cannot work here, found without importing anything; None if it might."""
-    if sys.platform.startswith("linux") and not os.path.exists(DXG_PATH):
-        return f"no {DXG_PATH}: DirectML on Linux needs WSL2's GPU driver"
+    if sys.platform.startswith("linux") and not os.path.exists(dxg_path()):
+        return f"no {dxg_path()}: DirectML on Linux needs WSL2's GPU driver"
     if sys.platform != "win32" and not sys.platform.startswith("linux"):
         return f"torch_directml does not support {sys.platform}"
     if directml_package_dir() is None:
@@ -225,7 +232,7 @@ def _what_to_check() -> str:
 
 def unusable_message(probe: DirectMLProbe) -> str:
     """The one line for a DirectML driver that is present while the probe failed."""
-    where = "Windows" if sys.platform == "win32" else DXG_PATH
+    where = "Windows" if sys.platform == "win32" else dxg_path()
     return (f"dmlshim: DirectML is present ({where}) but unusable: {probe.reason}; "
             f"{_what_to_check()}")
 
