@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WSL_LIB = "/usr/lib/wsl/lib"
 DXG = "/dev/dxg"
 _DEV_SUBMOUNTS = ("shm", "pts", "mqueue")
+_ROOTLESS = False  # set in the namespace when it was made with unshare -r
 
 
 class HarnessError(RuntimeError):
@@ -68,38 +69,50 @@ def _overlay(target: str, lower: List[str], tmp: str, name: str, writable: bool)
     opts = "lowerdir=" + ":".join(lower)
     if writable:
         opts += f",upperdir={_mkdir(tmp, name, 'up')},workdir={_mkdir(tmp, name, 'work')}"
+        if _ROOTLESS:
+            opts += ",userxattr"  # a user namespace cannot write trusted.* xattrs
     _mount("-t", "overlay", "overlay", "-o", opts, target)
 
 
 def _setup_dev(tmp: str, rootless: bool) -> None:
-    keep = _mkdir(tmp, "keep")
-    kept = []
-    for sub in _DEV_SUBMOUNTS:
-        if os.path.ismount(f"/dev/{sub}"):
-            _mount("--rbind", f"/dev/{sub}", _mkdir(keep, sub))
-            kept.append(sub)
     if rootless:
-        _mount("--rbind", "/dev", _mkdir(keep, "dev"))
-    _overlay("/dev", ["/dev"], tmp, "dev", writable=True)
-    for sub in kept:
-        _mount("--rbind", os.path.join(keep, sub), f"/dev/{sub}")
-    if rootless:
-        # an overlay mounted in a user namespace cannot open device nodes: bind them back
-        import stat
-
-        for name in os.listdir(os.path.join(keep, "dev")):
-            src = os.path.join(keep, "dev", name)
-            try:
-                mode = os.lstat(src).st_mode
-            except OSError:
-                continue
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                try:
-                    _mount("--bind", src, f"/dev/{name}")
-                except HarnessError:
-                    pass
+        _setup_dev_rootless(tmp)
+    else:
+        keep = _mkdir(tmp, "keep")
+        kept = []
+        for sub in _DEV_SUBMOUNTS:
+            if os.path.ismount(f"/dev/{sub}"):
+                _mount("--rbind", f"/dev/{sub}", _mkdir(keep, sub))
+                kept.append(sub)
+        _overlay("/dev", ["/dev"], tmp, "dev", writable=True)
+        for sub in kept:
+            _mount("--rbind", os.path.join(keep, sub), f"/dev/{sub}")
     with open(DXG, "w"):
-        pass  # in the overlay's upper folder (tmp), not in the real /dev
+        pass  # in the overlay's upper folder or the tmpfs (tmp), not in the real /dev
+
+
+def _setup_dev_rootless(tmp: str) -> None:
+    """In a user namespace /dev cannot be an overlay (its submounts are locked) and a mount
+    made there cannot open device nodes: a tmpfs on /dev with every entry bound back."""
+    import stat
+
+    keep = _mkdir(tmp, "keep", "dev")
+    _mount("--rbind", "/dev", keep)
+    _mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", "/dev")
+    for name in os.listdir(keep):
+        src, dst = os.path.join(keep, name), os.path.join("/dev", name)
+        try:
+            mode = os.lstat(src).st_mode
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(src), dst)
+                continue
+            if stat.S_ISDIR(mode):
+                os.mkdir(dst)
+            else:
+                open(dst, "w").close()
+            _mount("--rbind", src, dst)
+        except (OSError, HarnessError):
+            continue  # an entry this user cannot reach stays out, as it was unusable anyway
 
 
 def _setup_libraries(tmp: str, wsl_lib: str) -> None:
@@ -127,6 +140,8 @@ def _setup_libraries(tmp: str, wsl_lib: str) -> None:
 
 
 def _inner(tmp: str, site: str, wsl_lib: str, rootless: bool, cmd: List[str]) -> int:
+    global _ROOTLESS
+    _ROOTLESS = rootless
     try:
         _setup_dev(tmp, rootless)
         _setup_libraries(tmp, wsl_lib)

@@ -301,3 +301,11 @@ def test_plain_linux_auto_is_cpu_without_importing_the_wheel(standin, tmp_path):
     assert "target cpu False cpu" in proc.stdout, describe(proc)
     assert f"no {missing}: DirectML on Linux needs WSL2's GPU driver" in proc.stdout
     assert not present_lines(proc.stderr) and "torch_directml probe" not in proc.stdout
+
+
+def test_the_harness_returns_the_commands_status():
+    proc = wsl(["sh", "-c", "test -e /dev/dxg && ldconfig -p | grep -q /usr/lib/wsl/lib/libdxcore.so"
+                " && echo x > /dev/null && exit 7"])
+    assert proc.returncode == 7, describe(proc)
+    killed = wsl(["sh", "-c", "kill -TERM $$"])
+    assert killed.returncode == 128 + 15, describe(killed)
