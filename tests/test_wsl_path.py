@@ -189,6 +189,31 @@ def test_amp_script_on_the_adapter_matches_the_emulated_target(tmp_path):
     assert len(got) == 24 and got == expected, first_difference(got, expected)
 
 
+FALLBACKS = ("import torch\n"
+             "x = torch.rand(8, 4, device='cuda') + 0.5\n"
+             "for _ in range(3):\n"
+             "    y = torch.cumprod(x, dim=1).sum() + torch.amin(x, dim=0).sum()\n"
+             "print('y', y.item())\n")
+
+
+def test_fallback_report_on_the_users_path_counts_what_the_emulator_counts(tmp_path):
+    # On the wheel's path the report counts torch-directml's warnings; the emulated-dml target
+    # counts the same emulator's fallbacks exactly: they must agree.
+    script = tmp_path / "fallbacks.py"
+    script.write_text(FALLBACKS, encoding="utf-8")
+    proc = wsl([sys.executable, "-m", "dmlshim", str(script)],
+               env={"DMLSHIM_REPORT": str(tmp_path / "report.json"), "DMLSHIM_DECOMPOSE": "off"})
+    assert proc.returncode == 0, describe(proc)
+    got = report(tmp_path)
+    assert got["target"]["kind"] == "dml" and got["cpu_fallbacks"]["counting"] == "warnings"
+    exact = run_shim(script, device="emulated-dml",
+                     options={"decompose": "off", "report": str(tmp_path / "emu.json")})
+    assert exact.returncode == 0, describe(exact)
+    expected = json.loads((tmp_path / "emu.json").read_text(encoding="utf-8"))["cpu_fallbacks"]
+    assert expected["ops"] == {"aten::amin.out": 3, "aten::cumprod.out": 3}, expected
+    assert got["cpu_fallbacks"]["ops"] == expected["ops"], got["cpu_fallbacks"]
+
+
 CHILDREN = r'''
 import json, os, subprocess, sys
 import torch
