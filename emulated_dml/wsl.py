@@ -1,4 +1,5 @@
-"""``python -m emulated_dml.wsl [--adapters N] [--float64] -- CMD ...``: run CMD as on WSL.
+"""``python -m emulated_dml.wsl [--adapters N] [--float64] [--memory MIB] -- CMD ...``: run CMD
+as on WSL.
 
 CMD runs in a private mount namespace (``unshare -m``; ``unshare -rm`` when not root) that
 has what a WSL2 machine with a DirectML adapter has and nothing of it leaks out:
@@ -165,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--adapters", type=int, default=1, help="adapters the libraries report")
     p.add_argument("--float64", action="store_true",
                    help="the adapters support float64 (most real ones do not)")
+    p.add_argument("--memory", type=int, default=0, metavar="MIB",
+                   help="video memory of each adapter in MiB (default 0: unlimited); past it "
+                        "the wheel's untyped out-of-memory RuntimeError")
     p.add_argument("--inner", nargs=4, metavar=("TMP", "SITE", "LIB", "ROOTLESS"),
                    help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
@@ -187,7 +191,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     builder = _builder()
     try:
         site = builder.build_standin()
-        lib = builder.build_wsl_libs(args.adapters, args.float64)
+        lib = builder.build_wsl_libs(args.adapters, args.float64, args.memory)
     except (builder.BuildError, ValueError) as err:
         print(str(err), file=sys.stderr)
         return 125

@@ -46,10 +46,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 
 def wsl(cmd: List[str], adapters: int = 1, env: Optional[Dict[str, Optional[str]]] = None,
-        as_module: bool = False, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+        as_module: bool = False, cwd: Optional[str] = None,
+        memory_mib: int = 0) -> subprocess.CompletedProcess:
     """``cmd`` inside the harness, with a clean environment (no DMLSHIM_*, repo on PYTHONPATH)."""
     harness = [sys.executable, "-m", "emulated_dml.wsl"] if as_module else [sys.executable, WSL]
-    return subprocess.run([*harness, "--adapters", str(adapters), "--", *cmd],
+    return subprocess.run([*harness, "--adapters", str(adapters), "--memory", str(memory_mib),
+                           "--", *cmd],
                           env=clean_env(**(env or {})), cwd=cwd or neutral_cwd(),
                           capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -212,6 +214,33 @@ def test_fallback_report_on_the_users_path_counts_what_the_emulator_counts(tmp_p
     expected = json.loads((tmp_path / "emu.json").read_text(encoding="utf-8"))["cpu_fallbacks"]
     assert expected["ops"] == {"aten::amin.out": 3, "aten::cumprod.out": 3}, expected
     assert got["cpu_fallbacks"]["ops"] == expected["ops"], got["cpu_fallbacks"]
+
+
+OOM = ("import torch\n"
+       "try:\n"
+       "    x = torch.zeros(4 * 2**20, device='cuda')\n"  # 16 MiB
+       "    print('no oom')\n"
+       "except torch.cuda.OutOfMemoryError as err:\n"
+       "    print('oom', 'There is not enough GPU video memory available!' in str(err))\n"
+       "y = torch.ones(1024, device='cuda')\n"
+       "print('after', y.sum().item())\n")
+
+
+def test_out_of_memory_on_the_users_path_is_cudas_error(tmp_path):
+    # an adapter with 8 MiB of video memory: the wheel's untyped RuntimeError past it, which
+    # the shim turns into torch.cuda.OutOfMemoryError at the device entry point
+    script = tmp_path / "oom.py"
+    script.write_text(OOM, encoding="utf-8")
+    proc = wsl([sys.executable, "-m", "dmlshim", str(script)], memory_mib=8)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split("\n")[:2] == ["oom True", "after 1024.0"], describe(proc)
+    plain = wsl([sys.executable, "-c", "import torch, torch_directml as d\n"
+                 "try:\n    torch.zeros(4 * 2**20, device=d.device())\n"
+                 "except RuntimeError as err:\n    print(type(err).__name__, err)\n"],
+                memory_mib=8)
+    assert plain.stdout.strip() == ("RuntimeError: Could not allocate tensor with 16777216 bytes. "
+                                    "There is not enough GPU video memory available!"
+                                    ).replace(":", "", 1), describe(plain)
 
 
 CHILDREN = r'''

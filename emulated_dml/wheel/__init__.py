@@ -110,19 +110,23 @@ def build_standin() -> str:
         _mkdir(os.path.join(d, "site")))), "site")
 
 
-def build_wsl_libs(adapters: int = 1, float64: bool = False) -> str:
+def build_wsl_libs(adapters: int = 1, float64: bool = False, memory_mib: int = 0) -> str:
     """A folder with WSL-like ``libd3d12.so`` and ``libdxcore.so`` reporting ``adapters``
-    adapters (float64 support as given), for ``/usr/lib/wsl/lib``."""
+    adapters (float64 support and video memory in MiB, 0 for unlimited, as given), for
+    ``/usr/lib/wsl/lib``."""
     if not 1 <= adapters <= 16:
         raise ValueError(f"emulated_dml.wheel: adapters must be 1..16, got {adapters}")
-    defines = ["EMU_WSL", f"EMU_ADAPTERS={adapters}", f"EMU_FLOAT64={int(bool(float64))}"]
+    if memory_mib < 0:
+        raise ValueError(f"emulated_dml.wheel: memory must be >= 0 MiB, got {memory_mib}")
+    defines = ["EMU_WSL", f"EMU_ADAPTERS={adapters}", f"EMU_FLOAT64={int(bool(float64))}",
+               f"EMU_MEMORY_MIB={int(memory_mib)}"]
 
     def fill(folder: str) -> None:
         lib = _mkdir(os.path.join(folder, "lib"))
         _cc(os.path.join(lib, "libd3d12.so"), "d3d12.c", defines)
         _cc(os.path.join(lib, "libdxcore.so"), "dxcore.c", defines)
 
-    name = f"wsl-{adapters}{'-f64' if float64 else ''}-{_digest(*defines)}"
+    name = f"wsl-{adapters}{'-f64' if float64 else ''}-{memory_mib}-{_digest(*defines)}"
     return os.path.join(_build_once(name, fill), "lib")
 
 

@@ -57,3 +57,14 @@ int dml_has_float64_support(int index) {
         return EMU_E_INVALIDARG;
     return factory->adapters[index].float64 ? 1 : 0;
 }
+
+/* The adapter's dedicated video memory in MiB (0: unlimited), or the failing HRESULT. */
+int dml_get_adapter_memory_mib(int index) {
+    struct emu_factory *factory = NULL;
+    int n = enumerate(&factory);
+    if (n < 0)
+        return n;
+    if (index < 0 || index >= n)
+        return EMU_E_INVALIDARG;
+    return factory->adapters[index].memory_mib;
+}

@@ -1,5 +1,5 @@
 /* libdxcore.so, built twice: -DEMU_WSL gives WSL's library (EMU_ADAPTERS adapters, float64 per
- * EMU_FLOAT64); without it, the empty link stub torch-directml ships in its own folder. */
+ * EMU_FLOAT64, EMU_MEMORY_MIB of video memory each); without it, the empty link stub torch-directml ships in its own folder. */
 #include <stdio.h>
 #include "dxcore.h"
 
@@ -9,6 +9,9 @@
 #endif
 #ifndef EMU_FLOAT64
 #define EMU_FLOAT64 0
+#endif
+#ifndef EMU_MEMORY_MIB
+#define EMU_MEMORY_MIB 0
 #endif
 
 static struct emu_factory factory;
@@ -23,6 +26,7 @@ int DXCoreCreateAdapterFactory(const void *riid, void **out) {
         snprintf(factory.adapters[i].name, sizeof factory.adapters[i].name,
                  "Emulated DirectML Adapter %d (emulated_dml)", i);
         factory.adapters[i].float64 = EMU_FLOAT64;
+        factory.adapters[i].memory_mib = EMU_MEMORY_MIB;
     }
     *out = &factory;
     return 0;

@@ -12,6 +12,7 @@
 struct emu_adapter {
     char name[128];
     int float64;
+    int memory_mib; /* dedicated video memory; 0: as much as the host has */
 };
 
 struct emu_factory {

@@ -5,7 +5,8 @@ asks ``libdxcore.so``/``libd3d12.so`` for adapters: a failing HRESULT raises ``R
 Unknown error <n>`` as the wheel's does. When the libraries report adapters, :func:`_register`
 registers emulated_dml's emulator as the PrivateUse1 device with the wheel's device module.
 Emulator switches: ``EMULATED_DML_SWITCHES`` (comma list; default: the emulator's gaps), with
-``float64`` set from what the library reports for adapter 0.
+``float64`` set from what the library reports for adapter 0, and the memory limit of each
+adapter from the video memory it reports.
 """
 
 import ctypes
@@ -78,3 +79,8 @@ def _register(module) -> None:
         names.add("float64")
     emulated_dml.register(count, names, device_module=module)
     _compat.fix_parameter_instancecheck()
+    mib = _checked(_lib.dml_get_adapter_memory_mib(0))
+    if mib:  # the adapter's video memory: past it, the wheel's untyped out-of-memory error
+        from emulated_dml import _memory
+
+        _memory.set_limit(mib * 1024 * 1024)
