@@ -94,10 +94,6 @@ class Capabilities:
         """Why this target's backend cannot be loaded in this process (None: it can)."""
         return None
 
-    def library_dir_missing(self) -> Any:
-        """The folder LD_LIBRARY_PATH must hold for the backend to import (None: none)."""
-        return None
-
     #: every CUDA ordinal is the one CPU device (the device map has a single entry)
     redirects_to_cpu = True
     #: the device is dmlshim's emulator (which registers itself at install)
@@ -176,11 +172,6 @@ class DirectML(Capabilities):
 
     def has_fused_optimizers(self) -> bool:
         return False  # torch-directml has no fused optimizer kernels
-
-    def library_dir_missing(self) -> Any:
-        from dmlshim import target
-
-        return target.directml_library_path_missing()
 
     redirects_to_cpu = False
     needs_torch_directml = True

@@ -28,12 +28,12 @@ def _encode(value: Optional[str]) -> str:
 
 class ChildEnvironment:
     """``values``: variables to set (``None`` removes one); ``path_prefixes``: path-list
-    variables (``PYTHONPATH``, ``LD_LIBRARY_PATH``) that get a folder put first."""
+    variables that get a folder put first: ``PYTHONPATH`` the bootstrap, nothing else (never
+    ``LD_LIBRARY_PATH``: torch_directml's folder there shadows WSL's DirectML libraries)."""
 
-    def __init__(self, values: Mapping[str, Optional[str]],
-                 path_prefixes: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, values: Mapping[str, Optional[str]]) -> None:
         self.values = dict(values)
-        self.path_prefixes = {"PYTHONPATH": BOOTSTRAP_DIR, **(path_prefixes or {})}
+        self.path_prefixes: Dict[str, str] = {"PYTHONPATH": BOOTSTRAP_DIR}
         self._marker: Optional[str] = None
 
     def apply_to(self, environ: MutableMapping[str, str]) -> str:

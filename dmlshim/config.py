@@ -187,6 +187,8 @@ INTERNAL: Tuple[Internal, ...] = (
     Internal("wrap_ordinals", '"1" in children of torch.multiprocessing.spawn/start_processes'),
     Internal("probe_cache", "JSON of a finished DirectML probe, for children (target.py)"),
     Internal("report_owner", '"<pid>:<absolute report path>" of the report\'s owner'),
+    Internal("dxg_path", "test only: the path standing for WSL's /dev/dxg in the cheap DirectML "
+             "check (a missing one arranges \"no adapter\" on any machine; target.py)"),
     Internal("runner_as_child", 'test only: "1" makes the runner start the interpreter as a '
              "child, as it does on Windows, instead of replacing itself"),
 )

@@ -158,19 +158,19 @@ def _validated(options: Dict[str, str], environ: Mapping[str, str]) -> config.Co
     return launch.configure(parsed, source="cli", environ=environ)
 
 
-def _directml_setup(cfg: config.Config) -> Dict[str, str]:
-    """For DirectML: fail now if it cannot be used, and on Linux put torch_directml's folder on
-    LD_LIBRARY_PATH, which the loader reads only at process start (see target.py)."""
+def _directml_setup(cfg: config.Config) -> None:
+    """For DirectML: fail now if it cannot be used; for ``auto``, say once (here, not in the
+    script's process too: the probe cache tells it) that a present adapter is unusable.
+    The environment is left as it is: on WSL the loader finds WSL's libraries through its
+    cache, and torch_directml's folder on LD_LIBRARY_PATH would shadow them (see target.py)."""
     if not (cfg.device == "auto" or cfg.device.startswith("dml")):
-        return {}
+        return
     from dmlshim import target
 
     if cfg.device.startswith("dml"):
         target.resolve(cfg.device)  # raises TargetError
-    pkg = target.directml_library_path_missing()
-    if pkg is None or not target.probe_directml().usable:
-        return {}
-    return {"LD_LIBRARY_PATH": pkg}
+    else:
+        target.announce_unusable()
 
 
 def _replace_with(argv: List[str], env: Dict[str, str]) -> int:
@@ -267,7 +267,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     before = dict(os.environ)
     try:
-        prefixes = _directml_setup(cfg)
+        _directml_setup(cfg)
     except TargetError as err:
         print(str(err), file=sys.stderr)
         return 2
@@ -279,4 +279,4 @@ def main(argv: Optional[List[str]] = None) -> int:
     if os.environ.get(PROBE_CACHE_ENV) != before.get(PROBE_CACHE_ENV):
         values[PROBE_CACHE_ENV] = os.environ[PROBE_CACHE_ENV]  # the child need not probe again
     values[AS_CHILD_ENV] = None  # test-only switch: not the script's business
-    return _replace_with(command, ChildEnvironment(values, prefixes).build(before))
+    return _replace_with(command, ChildEnvironment(values).build(before))

@@ -1,9 +1,13 @@
 """Which device CUDA work goes to, and the safe DirectML probe behind ``DMLSHIM_DEVICE=auto``.
 
-torch_directml 0.2.5 on plain Linux (no WSL ``/dev/dxg``) raises ``RuntimeError: Unknown error``
-or segfaults inside ``dml::HardwareAdapter::Enumerate()``. So the probe checks cheaply first
-(is the package there, is this Windows or WSL), then asks a *subprocess* to enumerate adapters,
-and caches the answer for the process and, through an environment variable, for its children.
+torch_directml 0.2.5 on plain Linux (no WSL ``/dev/dxg``) fails to import (``libd3d12.so``
+missing) and, with its own folder's stub libraries on ``LD_LIBRARY_PATH``, raises ``RuntimeError:
+Unknown error`` or segfaults on device calls. So the probe checks cheaply first (``/dev/dxg`` on
+Linux, the package there), then asks a *subprocess* with the script's own environment to
+enumerate adapters, and caches the answer for the process and, through an environment variable,
+for its children. Nothing here ever puts the wheel's folder on ``LD_LIBRARY_PATH``: on WSL the
+loader finds the real libraries in ``/usr/lib/wsl/lib`` through its cache, and the folder's stubs
+would shadow them.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import logging
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import List, Optional
+
+from dmlshim import config
 
 log = logging.getLogger("dmlshim")
 
@@ -35,6 +41,9 @@ class DirectMLProbe:
     names: List[str] = field(default_factory=list)
     float64: List[bool] = field(default_factory=list)
     version: Optional[str] = None
+    # a DirectML driver is there (Windows, or WSL2's /dev/dxg): a failed probe is a problem
+    present: bool = False
+    announced: bool = False  # the "present but unusable" line was printed in this process tree
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,16 @@ def _cpu_name() -> str:
 
 _probe: Optional[DirectMLProbe] = None
 
+# Where WSL2's GPU driver shows itself; without it Linux has no DirectML adapter. Tests point
+# DMLSHIM_DXG_PATH at a missing path to arrange "no adapter" on any machine.
+DXG_PATH = "/dev/dxg"
+DXG_PATH_ENV = config.INTERNAL_BY_NAME["dxg_path"].env
+WSL_LIB_DIR = "/usr/lib/wsl/lib"
+
+
+def dxg_path() -> str:
+    return os.environ.get(DXG_PATH_ENV) or DXG_PATH
+
 
 def directml_package_dir() -> Optional[str]:
     spec = importlib.util.find_spec("torch_directml")
@@ -102,24 +121,29 @@ def directml_package_dir() -> Optional[str]:
     return list(spec.submodule_search_locations)[0]
 
 
+def _driver_present() -> bool:
+    """Whether this machine has a DirectML driver (Windows, or WSL2's ``/dev/dxg``)."""
+    return sys.platform == "win32" or (sys.platform.startswith("linux")
+                                       and os.path.exists(dxg_path()))
+
+
 def cheap_directml_check() -> Optional[str]:
     """Reason DirectML cannot work here, found without importing anything; None if it might."""
+    if sys.platform.startswith("linux") and not os.path.exists(dxg_path()):
+        return f"no {dxg_path()}: DirectML on Linux needs WSL2's GPU driver"
+    if sys.platform != "win32" and not sys.platform.startswith("linux"):
+        return f"torch_directml does not support {sys.platform}"
     if directml_package_dir() is None:
         return "torch_directml is not installed (pip install dmlshim[directml])"
-    if sys.platform == "win32":
-        return None
-    if sys.platform.startswith("linux"):
-        if not os.path.exists("/dev/dxg"):
-            return "no /dev/dxg: DirectML on Linux needs WSL2's GPU driver"
-        return None
-    return f"torch_directml does not support {sys.platform}"
+    return None
 
 
+# The wheel's device_name(i) ends with a NUL character: the names are kept without it.
 _PROBE_CODE = r"""
 import json, sys
 import torch_directml as d
 n = d.device_count()
-out = {"count": n, "names": [d.device_name(i) for i in range(n)],
+out = {"count": n, "names": [d.device_name(i).rstrip("\0") for i in range(n)],
        "float64": [bool(d.has_float64_support(i)) for i in range(n)],
        "version": getattr(d, "__version__", None)}
 print("DMLSHIM_PROBE " + json.dumps(out))
@@ -127,11 +151,11 @@ print("DMLSHIM_PROBE " + json.dumps(out))
 
 
 def _probe_env() -> dict:
+    # The script's own environment (LD_LIBRARY_PATH included, untouched): the probe must see
+    # the libraries the script will see. On WSL the loader finds libd3d12.so/libdxcore.so in
+    # /usr/lib/wsl/lib through its cache; the wheel's folder holds empty stubs of them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
     env["DMLSHIM_DISABLE"] = "1"
-    pkg = directml_package_dir()
-    if pkg and sys.platform.startswith("linux"):
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (pkg, env.get("LD_LIBRARY_PATH")) if p)
     return env
 
 
@@ -152,11 +176,16 @@ def probe_directml(force: bool = False) -> DirectMLProbe:
         _probe = DirectMLProbe(False, reason)
     else:
         _probe = _probe_in_subprocess()
-    os.environ[PROBE_CACHE_ENV] = json.dumps(asdict(_probe))
+    _cache(_probe)
     return _probe
 
 
+def _cache(probe: DirectMLProbe) -> None:
+    os.environ[PROBE_CACHE_ENV] = json.dumps(asdict(probe))
+
+
 def _probe_in_subprocess() -> DirectMLProbe:
+    present = _driver_present()
     if directml_package_dir() is None:
         return DirectMLProbe(False, "torch_directml is not installed (pip install dmlshim[directml])")
     try:
@@ -165,47 +194,68 @@ def _probe_in_subprocess() -> DirectMLProbe:
             timeout=PROBE_TIMEOUT_S, env=_probe_env(), stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        return DirectMLProbe(False, f"torch_directml probe hung for {PROBE_TIMEOUT_S:.0f} s")
+        return DirectMLProbe(False, f"torch_directml probe hung for {PROBE_TIMEOUT_S:.0f} s",
+                             present=present)
     except OSError as err:
-        return DirectMLProbe(False, f"torch_directml probe could not start: {err}")
+        return DirectMLProbe(False, f"torch_directml probe could not start: {err}",
+                             present=present)
     for line in proc.stdout.splitlines():
         if line.startswith("DMLSHIM_PROBE "):
             data = json.loads(line[len("DMLSHIM_PROBE "):])
             if data["count"] < 1:
-                return DirectMLProbe(False, "torch_directml found no adapter", version=data["version"])
+                return DirectMLProbe(False, "torch_directml found no adapter",
+                                     version=data["version"], present=present)
             return DirectMLProbe(True, "torch_directml adapter found", data["count"], data["names"],
-                                 data["float64"], data["version"])
+                                 data["float64"], data["version"], present=present)
     if proc.returncode < 0:
         why = f"crashed with signal {-proc.returncode}"
     else:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         why = f"failed: {last}"
-    return DirectMLProbe(False, f"torch_directml probe {why}")
+    return DirectMLProbe(False, f"torch_directml probe {why}", present=present)
 
 
-def directml_library_path_missing() -> Optional[str]:
-    """On Linux, the folder LD_LIBRARY_PATH must hold for torch_directml to import, if absent.
-
-    The wheel's native module needs libd3d12.so, which has no SONAME, so preloading it by path
-    does not satisfy the loader: only LD_LIBRARY_PATH, read at process start, does.
-    """
+def _what_to_check() -> str:
+    """The likely cause of a failing probe where a DirectML driver is present."""
+    if sys.platform == "win32":
+        return ("check that the GPU driver supports DirectX 12 and that torch-directml matches "
+                "the installed torch (python -m dmlshim --doctor)")
     pkg = directml_package_dir()
-    if not pkg or not sys.platform.startswith("linux"):
-        return None
-    entries = os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
-    return None if any(os.path.realpath(e) == os.path.realpath(pkg) for e in entries if e) else pkg
+    entries = [e for e in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if e]
+    if pkg and any(os.path.realpath(e) == os.path.realpath(pkg) for e in entries):
+        return (f"LD_LIBRARY_PATH holds torch_directml's folder {pkg}, whose libd3d12.so and "
+                f"libdxcore.so are empty stubs that shadow WSL's real ones in {WSL_LIB_DIR}: "
+                "remove it from LD_LIBRARY_PATH")
+    return (f"is LD_LIBRARY_PATH pointing at torch_directml's folder? WSL's libraries are in "
+            f"{WSL_LIB_DIR} (`ldconfig -p | grep d3d12` should list them)")
+
+
+def unusable_message(probe: DirectMLProbe) -> str:
+    """The one line for a DirectML driver that is present while the probe failed."""
+    where = "Windows" if sys.platform == "win32" else dxg_path()
+    return (f"dmlshim: DirectML is present ({where}) but unusable: {probe.reason}; "
+            f"{_what_to_check()}")
+
+
+def announce_unusable() -> None:
+    """Print :func:`unusable_message` once per process tree (the probe cache carries that it
+    was said, so children and the runner's script stay quiet)."""
+    global _probe
+    probe = probe_directml()
+    if probe.usable or not probe.present or probe.announced:
+        return
+    print(unusable_message(probe) + "; training on the CPU", file=sys.stderr)
+    _probe = replace(probe, announced=True)
+    _cache(_probe)
 
 
 def import_torch_directml():
     """Import torch_directml in this process (only after a successful probe)."""
-    missing = directml_library_path_missing()
-    if missing is not None:
-        raise TargetError(
-            f"dmlshim: torch_directml needs its folder on LD_LIBRARY_PATH on Linux; run "
-            f"LD_LIBRARY_PATH={missing}:$LD_LIBRARY_PATH python -m dmlshim ... (the runner "
-            f"does this by itself)")
-    import torch_directml  # noqa: PLC0415
-
+    try:
+        import torch_directml  # noqa: PLC0415
+    except (ImportError, OSError, RuntimeError) as err:
+        raise TargetError(f"dmlshim: importing torch_directml failed although its probe found "
+                          f"an adapter: {type(err).__name__}: {err}; {_what_to_check()}")
     return torch_directml
 
 
@@ -220,8 +270,11 @@ def _cuda_really_available() -> bool:
     return bool(get_original(torch.cuda, "is_available")())
 
 
-def resolve(device_option: str) -> Target:
-    """Turn ``DMLSHIM_DEVICE`` into a Target (raises TargetError when it cannot be used)."""
+def resolve(device_option: str, announce: bool = True) -> Target:
+    """Turn ``DMLSHIM_DEVICE`` into a Target (raises TargetError when it cannot be used).
+
+    ``auto`` where a DirectML driver is present but the probe failed prints one line on
+    stderr saying so (``announce=False``: the doctor, which reports it its own way)."""
     opt = device_option
     if opt == "cpu":
         return Target("cpu", 1, "DMLSHIM_DEVICE=cpu", names=[_cpu_name()])
@@ -239,6 +292,9 @@ def resolve(device_option: str) -> Target:
                       names=[f"dmlshim emulated DirectML adapter {i}" for i in range(count)])
     if opt.startswith("dml"):
         probe = probe_directml()
+        if not probe.usable and probe.present:
+            raise TargetError(f"{unusable_message(probe)} (DMLSHIM_DEVICE={opt}; "
+                              f"DMLSHIM_DEVICE=cpu trains on the CPU)")
         if not probe.usable:
             raise TargetError(f"dmlshim: DMLSHIM_DEVICE={opt} but no DirectML adapter is usable: "
                               f"{probe.reason}; use DMLSHIM_DEVICE=auto or cpu")
@@ -253,6 +309,8 @@ def resolve(device_option: str) -> Target:
     if probe.usable:
         return Target("dml", probe.count, "auto: " + probe.reason, names=probe.names,
                       float64=probe.float64)
+    if announce:
+        announce_unusable()
     if _cuda_really_available():
         import torch
 

@@ -56,14 +56,19 @@ __all__ = [
 _kernel_libs: Dict[str, torch.library.Library] = {}
 
 
-def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
+def register(count: int = 1, switches: Iterable[str] = GAPS,
+             device_module: Optional[type] = None) -> None:
     """Register ``count`` emulated DirectML adapters (``privateuseone:0`` .. ``count-1``).
 
     Idempotent: a second call only changes the adapter count and the switches. Raises
     :class:`EmulatorError` if torch_directml is imported in this process (the emulator must
     not register beside the real backend), or if this torch cannot host it.
+
+    ``device_module``: the ``torch.privateuseone`` module to register instead of the
+    emulator's own; the stand-in wheel (emulated_dml.wheel) passes torch_directml's, and is
+    the one ``torch_directml`` allowed to be imported then.
     """
-    if "torch_directml" in sys.modules:
+    if "torch_directml" in sys.modules and device_module is None:
         raise EmulatorError(
             "dmlshim emulator: torch_directml is already imported in this process; the emulated "
             "DirectML device cannot be registered beside the real one (both claim PrivateUse1)"
@@ -74,7 +79,7 @@ def register(count: int = 1, switches: Iterable[str] = GAPS) -> None:
     from emulated_dml import _backend, _generator
 
     apply_switches(names)
-    _backend.install()
+    _backend.install(device_module)
     _generator.install()  # again after dmlshim.uninstall() gave torch.Generator back
     state.registered = True
     _sync_registrations()

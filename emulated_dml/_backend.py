@@ -242,7 +242,7 @@ def _allow_foreach() -> None:
             pass
 
 
-def install_device_guard(cpp: Optional[bool] = None) -> str:
+def install_device_guard(cpp: Optional[bool] = None, as_wheel: bool = False) -> str:
     """Register the PrivateUse1 device guard only (once); return "cpp" or "python".
 
     ``cpp=None``: the C++ guard (``_guard.cpp``, 8 adapters or more) on every torch; on
@@ -257,7 +257,7 @@ def install_device_guard(cpp: Optional[bool] = None) -> str:
     global _cpp_guard, _guard_kind
     if _guard_kind:
         return _guard_kind
-    if "torch_directml" in sys.modules:
+    if "torch_directml" in sys.modules and not as_wheel:
         raise EmulatorError("dmlshim emulator: torch_directml is imported; it has its own device "
                             "guard, the emulator's must not replace it")
     python_ok = _torch_version() >= (2, 5) and hasattr(getattr(torch._C, "_acc", None),
@@ -309,8 +309,9 @@ def _check_guard_covers(count: int) -> None:
         )
 
 
-def install() -> None:
-    """Hook the emulator into PyTorch (once per process)."""
+def install(device_module: Optional[type] = None) -> None:
+    """Hook the emulator into PyTorch (once per process); ``device_module`` replaces
+    :class:`DeviceModule` as ``torch.privateuseone`` (the stand-in wheel's)."""
     global _lib, _installed
     if _installed:
         if _cpp_guard is not None:
@@ -328,12 +329,12 @@ def install() -> None:
             f"dmlshim emulator: another PrivateUse1 backend module is registered "
             f"({torch.privateuseone!r}); the emulator cannot register beside it"
         )
-    install_device_guard()
+    install_device_guard(as_wheel=device_module is not None)
     if _cpp_guard is not None:
         _cpp_guard.set_device_count(state.count)
     _check_guard_covers(state.count)
     _install_python_hooks()
-    torch._register_device_module("privateuseone", DeviceModule)
+    torch._register_device_module("privateuseone", device_module or DeviceModule)
     _lib = torch.library.Library("aten", "IMPL")  # kept alive for the process
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")

@@ -48,4 +48,3 @@ def test_capabilities_answer_the_doctor_and_the_optimizer_flags():
     emu_f64 = capabilities.of(Target("emulated-dml", 1, "test"), no_gap)
     assert emu_f64.float64_summary().startswith("yes (") and emu_f64.has_float64(0)
     assert emu.load_problem() is None and cpu.load_problem() is None
-    assert cpu.library_dir_missing() is None and emu.library_dir_missing() is None

@@ -97,7 +97,7 @@ def test_child_environment_record_round_trips_any_value():
     for base in ({}, {"PYTHONPATH": "", "DMLSHIM_LOG": odd, MARKER: odd},
                  {"PYTHONPATH": os.pathsep + odd + os.pathsep, "DMLSHIM_DEVICE": ""}):
         child = ChildEnvironment({"DMLSHIM_LOG": "debug", "DMLSHIM_DEVICE": None,
-                                  "DMLSHIM_REPORT": odd}, {"LD_LIBRARY_PATH": "/x;y=z"})
+                                  "DMLSHIM_REPORT": odd})
         env = child.build(base)
         assert env["PYTHONPATH"].split(os.pathsep)[0] == child.path_prefixes["PYTHONPATH"]
         seen = dict(env)

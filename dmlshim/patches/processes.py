@@ -46,14 +46,9 @@ def child_environment(config, target=None) -> ChildEnvironment:
     # environment: the test suite does). A program that sets DMLSHIM_DISABLE=1 again for a
     # child still wins: the child's bootstrap sees the value changed and keeps it.
     values["DMLSHIM_DISABLE"] = "0"
-    prefixes: Dict[str, str] = {}
-    if target is not None and capabilities.of(target, config).needs_torch_directml:
-        from dmlshim import target as targetmod
-
-        missing = targetmod.directml_library_path_missing()  # a child must import torch_directml
-        if missing is not None:
-            prefixes["LD_LIBRARY_PATH"] = missing
-    return ChildEnvironment(values, prefixes)
+    # Nothing on LD_LIBRARY_PATH: a child imports torch_directml as this process did (on WSL
+    # through the loader cache; the wheel's folder there would shadow WSL's libraries).
+    return ChildEnvironment(values)
 
 
 class ProcessesPatch(Patch):
