@@ -25,6 +25,12 @@ USAGE = """usage: python -m dmlshim [options] [python options] script.py|dir|app
 
 Runs a CUDA PyTorch script unchanged on DirectML, or on the CPU where no adapter exists.
 dmlshim's options come first; python's options and the script follow, as after `python`.
+
+How it runs: this runner validates the options and execs python with dmlshim's bootstrap
+(dmlshim/bootstrap) on PYTHONPATH -> the bootstrap gives the script its environment back and
+waits for `import torch` -> the session (dmlshim.api.Shim) picks the target and installs the
+patches (dmlshim/patches: one owner per entry point) -> CUDA work goes to the target:
+torch_directml, the CPU, CUDA (inert), or emulated_dml (the wheel's emulator, for tests).
 """
 
 AS_CHILD_ENV = config.INTERNAL_BY_NAME["runner_as_child"].env
