@@ -67,6 +67,7 @@ class _State:
     # derived: one handler models both wrong nll backwards (see _ops._nll_backward_gap)
     nll_backward_any: bool = True
     scatter_any: bool = True
+    nll_forward_any: bool = False
     current_index: int = 0
     devices: tuple = (torch.device("privateuseone", 0),)
 
@@ -98,6 +99,7 @@ def apply_switches(names: frozenset) -> None:
         setattr(state, name.replace("-", "_"), name in names)
     state.nll_backward_any = state.nll_none_backward or state.bug_nll_ignore
     state.scatter_any = state.scatter_partial or state.bug_scatter_add
+    state.nll_forward_any = state.bug_nll_ignore or state.bug_ce_2d_none
 
 
 def set_count(count: int) -> None:
