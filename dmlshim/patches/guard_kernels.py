@@ -112,13 +112,21 @@ def mul__tensor(self: Tensor, other: Tensor) -> Tensor:
 # The wheel: the backward with reduction="none" uses grad_output[0] for every row (#739, #740);
 # seen on the software adapter: a negative ignore_index is not ignored (-100 with >= 100
 # classes, -1 with any), and the 2-D forward with reduction="none" is wrong. Where any of these
-# can apply (reduction "none", ignore_index < 0: PyTorch's default -100, so most calls), the
-# loss and its gradient are computed here from gather / eq / where / sum, with ignored targets
-# read as class 0 and weighted 0; elsewhere the wheel's own out= kernel runs.
+# can apply: ignore_index < 0 (PyTorch's default -100, so most calls) is remapped to class C
+# for the wheel's own out= kernels; reduction "none" backward and the 2-D "none" forward are
+# computed here from gather / eq / where / sum, ignored targets read as class 0, weighted 0.
 
 
 def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reduction: int,
                  ignore_index: int, op) -> Tuple[Tensor, Tensor]:
+    if ignore_index < 0 and (reduction != 0 or op is _NLL_OUT):
+        # the ignored targets read as class C, ignore_index C: the wheel's kernel ignores a
+        # non-negative index right, and its result is the CPU kernel's, bit for bit
+        events._log.notes["guard.nll"] += 1
+        classes = self.shape[1] if self.dim() > 1 else self.shape[0]
+        target = torch.where(torch.eq(target, ignore_index), aten.full.default(
+            [], classes, dtype=target.dtype, device=target.device), target)
+        ignore_index = classes
     if ignore_index >= 0 and (reduction != 0 or op is _NLL_OUT):
         return op(self, target, weight, reduction, ignore_index,
                   output=aten.empty.memory_format(target.shape if reduction == 0 else (),
@@ -151,6 +159,12 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
 def _nll_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Optional[Tensor],
                   reduction: int, ignore_index: int, total_weight: Tensor, op) -> Tensor:
     """d/dself of nll_loss(self, target, weight, reduction) times grad_output."""
+    if reduction != 0 and ignore_index < 0:  # as in the forward
+        events._log.notes["guard.nll"] += 1
+        classes = self.shape[1] if self.dim() > 1 else self.shape[0]
+        target = torch.where(torch.eq(target, ignore_index), aten.full.default(
+            [], classes, dtype=target.dtype, device=target.device), target)
+        ignore_index = classes
     if reduction != 0 and ignore_index >= 0:
         return op(grad_output, self, target, weight, reduction, ignore_index, total_weight,
                   grad_input=aten.zeros_like.default(self))
