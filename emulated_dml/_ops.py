@@ -95,11 +95,43 @@ def _convolution_overrideable(func, plan, args, kwargs):
 # --- torch-directml 0.2.5's wrong results (switches) --------------------------------------
 
 
+def _arg(cargs, ckwargs, pos: int, name: str, default=None):
+    return cargs[pos] if len(cargs) > pos else ckwargs.get(name, default)
+
+
+def _unignore(cargs, ckwargs, self_pos: int, target_pos: int, ignore_pos: int) -> None:
+    # bug-nll-ignore: a negative ignore_index is not ignored where it is a valid negative
+    # class index (-100 with >= 100 classes, -1 always): the target is read as index + C.
+    self = cargs[self_pos]
+    classes = self.shape[1] if self.dim() > 1 else self.shape[0]
+    ignore = _arg(cargs, ckwargs, ignore_pos, "ignore_index", -100)
+    if ignore < 0 and ignore + classes >= 0:
+        target = cargs[target_pos]
+        cargs[target_pos] = torch.where(target == ignore, target + classes, target)
+
+
+def _nll_forward_bug(func, plan, args, kwargs):
+    # (self, target, weight, reduction, ignore_index[, output, total_weight])
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    if state.bug_nll_ignore:
+        _unignore(cargs, ckwargs, 0, 1, 4)
+    result = func(*cargs, **ckwargs)
+    if (state.bug_ce_2d_none and "nll_loss2d" in plan.name
+            and _arg(cargs, ckwargs, 3, "reduction", 1) == 0 and result[0].dim() >= 2):
+        # bug-ce-2d-none: the per-pixel losses come back in transposed (W, H) order
+        loss = result[0]
+        loss.copy_(loss.transpose(-1, -2).contiguous().reshape(loss.shape))
+    return finish(plan, args, kwargs, result, index)
+
+
 def _nll_backward_gap(func, plan, args, kwargs):
     # (grad_output, self, target, weight, reduction, ignore_index, total_weight[, grad_input])
     cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    if state.bug_nll_ignore:
+        _unignore(cargs, ckwargs, 1, 2, 5)
     reduction = cargs[4] if len(cargs) > 4 else ckwargs.get("reduction", 1)
-    if reduction == 0:  # Reduction::None: every row gets grad_output's first element
+    if reduction == 0 and state.nll_none_backward:
+        # Reduction::None: every row gets grad_output's first element
         grad_output = cargs[0]
         cargs[0] = grad_output.reshape(-1)[:1].reshape([1] * grad_output.dim()) \
             .expand_as(grad_output) if grad_output.numel() else grad_output
@@ -153,6 +185,23 @@ def _reflect_pad_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+def _reflect_pad_backward_gap(func, plan, args, kwargs):
+    # (grad_output, self, padding): the backward swaps the padding like the forward; a
+    # gradient of the right (unswapped) padded size then hits DirectML's scatter check.
+    padding = list(args[2]) if len(args) > 2 else list(kwargs["padding"])
+    if len(padding) == 4 and padding[:2] != padding[2:]:
+        grad, inp = args[0], args[1]
+        swapped = [inp.shape[-2] + padding[0] + padding[1], inp.shape[-1] + padding[2] + padding[3]]
+        if list(grad.shape[-2:]) != swapped:
+            raise RuntimeError(SCATTER_PARTIAL_MESSAGE)
+        padding = padding[2:] + padding[:2]
+        if len(args) > 2:
+            args = (args[0], args[1], padding) + tuple(args[3:])
+        else:
+            kwargs = dict(kwargs, padding=padding)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
 LAYER_NORM_DEVICE_REMOVED = "Unknown error -2005270523"  # 0x887A0005 DXGI_ERROR_DEVICE_REMOVED
 LAYER_NORM_NO_DEVICE = "tensor does not have a device"
 LAYER_NORM_GRAPH = ("DirectML graph compilation failed (native_layer_norm_backward with a weight, "
@@ -174,6 +223,94 @@ def _layer_norm_bwd_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+def _plane_offsets(x: torch.Tensor, out_shape) -> torch.Tensor:
+    """(n * C + c) * H * W for each output element of a pooling of ``x`` (CPU tensor)."""
+    planes = x.numel() // max(x.shape[-2] * x.shape[-1], 1)
+    base = torch.arange(planes, dtype=torch.int64) * (x.shape[-2] * x.shape[-1])
+    return base.reshape(list(out_shape[:-2]) + [1, 1])
+
+
+def _maxpool_flat_gap(func, plan, args, kwargs):
+    # The wheel's indices count over the whole input tensor, not per (H, W) plane as torch's:
+    # the per-plane index plus (n * C + c) * H * W (49, 50, 57, 59 where the CPU has 1, 2, 9, 11).
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    values, indices = func(*cargs, **ckwargs)
+    indices.add_(_plane_offsets(cargs[0], indices.shape))
+    return finish(plan, args, kwargs, (values, indices), index)
+
+
+def _maxpool_flat_backward_gap(func, plan, args, kwargs):
+    # (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices): the
+    # wheel's backward reads the indices as offsets into the whole input (its own convention),
+    # so per-plane indices send every gradient to the first plane.
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    grad_output, inp = cargs[0], cargs[1]
+    idx = cargs[7] if len(cargs) > 7 else ckwargs["indices"]
+    flat = torch.zeros(inp.numel(), dtype=grad_output.dtype)
+    flat.index_add_(0, idx.reshape(-1), grad_output.reshape(-1))
+    result = flat.reshape(inp.shape)
+    out = ckwargs.get("grad_input")
+    if out is not None:  # the .grad_input overload writes its out= tensor
+        out.copy_(result)
+        return finish(plan, args, kwargs, out, index)
+    return wrap(result, index)
+
+
+def _resize_gap(func, plan, args, kwargs):
+    # torch-directml's resize_ restrides (12 elements to (3, 4) works) but does not reallocate:
+    # another element count raises its shape check (from 0 elements: "tensor a (0) ... b (4)").
+    self, size = args[0], list(args[1] if len(args) > 1 else kwargs["size"])
+    count = 1
+    for n in size:
+        count *= n
+    if count != self.numel():
+        from emulated_dml._tensor import size_mismatch_message
+
+        raise RuntimeError(size_mismatch_message(self.shape, size))
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+UNIQUE_COUNTS_MESSAGE = "Return counts not implemented for unique operator for DirectML."
+
+
+def _unique_gap(func, plan, args, kwargs):
+    # _unique2(self, sorted=True, return_inverse=False, return_counts=False)
+    counts = args[3] if len(args) > 3 else kwargs.get("return_counts", False)
+    if counts:
+        raise RuntimeError(UNIQUE_COUNTS_MESSAGE)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+SCATTER_PARTIAL_MESSAGE = (
+    "DirectML scatter doesn't allow partially modified dimensions. Please update the dimension "
+    "so that the indices and input only differ in the provided dimension.")
+SCATTER_ADD_MESSAGE = "Unknown error -2147024809"  # E_INVALIDARG, on the software adapter
+
+
+def _scatter_gap(func, plan, args, kwargs):
+    # scatter*/scatter_add*(self, dim, index, src|value[, reduce]): every overload so
+    self = args[0]
+    dim = args[1] if len(args) > 1 else kwargs["dim"]
+    index = args[2] if len(args) > 2 else kwargs["index"]
+    if state.scatter_partial and self.dim() and index.dim() == self.dim():
+        dim %= self.dim()
+        if any(index.shape[d] != self.shape[d] for d in range(self.dim()) if d != dim):
+            raise RuntimeError(SCATTER_PARTIAL_MESSAGE)
+    if state.bug_scatter_add and "scatter_add" in plan.name:
+        raise RuntimeError(SCATTER_ADD_MESSAGE)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+def _bilinear_bug(func, plan, args, kwargs):
+    # bug-bilinear: upsample_bilinear2d (and its backward) compute with align_corners flipped.
+    pos = 3 if "backward" in plan.name else 2
+    if len(args) > pos:
+        args = tuple(args[:pos]) + (not args[pos],) + tuple(args[pos + 1:])
+    else:
+        kwargs = dict(kwargs, align_corners=not kwargs["align_corners"])
+    return run_on_cpu(func, plan, args, kwargs)
+
+
 def _bn_stats_bug(func, plan, args, kwargs):
     # native_batch_norm(input, weight, bias, running_mean, running_var, training, ...):
     # run with copies of the running statistics so the real ones stay as they were.
@@ -192,10 +329,14 @@ SPECIALS.update({
 })
 
 BUGS.update({
-    "aten::nll_loss_backward": ("nll_none_backward", _nll_backward_gap),
-    "aten::nll_loss_backward.grad_input": ("nll_none_backward", _nll_backward_gap),
-    "aten::nll_loss2d_backward": ("nll_none_backward", _nll_backward_gap),
-    "aten::nll_loss2d_backward.grad_input": ("nll_none_backward", _nll_backward_gap),
+    "aten::nll_loss_backward": ("nll_backward_any", _nll_backward_gap),
+    "aten::nll_loss_backward.grad_input": ("nll_backward_any", _nll_backward_gap),
+    "aten::nll_loss2d_backward": ("nll_backward_any", _nll_backward_gap),
+    "aten::nll_loss2d_backward.grad_input": ("nll_backward_any", _nll_backward_gap),
+    "aten::nll_loss_forward": ("nll_forward_any", _nll_forward_bug),
+    "aten::nll_loss_forward.output": ("nll_forward_any", _nll_forward_bug),
+    "aten::nll_loss2d_forward": ("nll_forward_any", _nll_forward_bug),
+    "aten::nll_loss2d_forward.output": ("nll_forward_any", _nll_forward_bug),
     "aten::mul.Tensor": ("mul_bool", _mul_bool_gap),
     "aten::mul_.Tensor": ("mul_bool", _mul_bool_gap),
     "aten::mul.out": ("mul_bool", _mul_bool_gap),
@@ -205,11 +346,35 @@ BUGS.update({
     "aten::masked_fill_.Tensor": ("masked_fill_uint8", _masked_fill_gap),
     "aten::reflection_pad2d": ("reflect_pad", _reflect_pad_gap),
     "aten::reflection_pad2d.out": ("reflect_pad", _reflect_pad_gap),
+    "aten::reflection_pad2d_backward": ("reflect_pad", _reflect_pad_backward_gap),
+    "aten::reflection_pad2d_backward.grad_input": ("reflect_pad", _reflect_pad_backward_gap),
     "aten::native_layer_norm_backward": ("layer_norm_nobias", _layer_norm_bwd_gap),
     "aten::native_layer_norm_backward.out": ("layer_norm_nobias", _layer_norm_bwd_gap),
+    "aten::max_pool2d_with_indices": ("maxpool_flat_indices", _maxpool_flat_gap),
+    "aten::max_pool2d_with_indices.out": ("maxpool_flat_indices", _maxpool_flat_gap),
+    "aten::max_pool2d_with_indices_backward": ("maxpool_flat_indices",
+                                               _maxpool_flat_backward_gap),
+    "aten::max_pool2d_with_indices_backward.grad_input": ("maxpool_flat_indices",
+                                                          _maxpool_flat_backward_gap),
+    "aten::resize_": ("resize", _resize_gap),
+    "aten::_unique2": ("unique_counts", _unique_gap),
+    "aten::_unique2.out": ("unique_counts", _unique_gap),
     "aten::native_batch_norm": ("bug_bn_stats", _bn_stats_bug),
     "aten::_native_batch_norm_legit": ("bug_bn_stats", _bn_stats_bug),
     "aten::_batch_norm_with_update": ("bug_bn_stats", _bn_stats_bug),
+})
+
+BUGS.update({
+    f"aten::{op}": ("scatter_any", _scatter_gap)
+    for op in ("scatter.src", "scatter.value", "scatter.reduce", "scatter.value_reduce",
+               "scatter_.src", "scatter_.value", "scatter_.reduce", "scatter_.value_reduce",
+               "scatter.src_out", "scatter.value_out", "scatter.reduce_out",
+               "scatter.value_reduce_out", "scatter_add", "scatter_add_", "scatter_add.out")
+})
+BUGS.update({
+    f"aten::{op}": ("bug_bilinear", _bilinear_bug)
+    for op in ("upsample_bilinear2d", "upsample_bilinear2d.out", "upsample_bilinear2d_backward",
+               "upsample_bilinear2d_backward.grad_input")
 })
 
 CPU_IMPLS.update(_lstm.CPU_IMPLS)

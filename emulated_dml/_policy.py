@@ -67,6 +67,20 @@ MIXED_DEVICE_OK = frozenset(
     """.split()
 )
 
+# torch-directml's out= kernels neither resize nor check their output (gap "out-resize"): an
+# empty or wrongly sized out= tensor comes back as it was, silently; these raise instead (the
+# shape check of the kernel's broadcasting copy). Those that PyTorch's own composites call
+# with an empty output (torch.arange, logical_not, ...: functional forms that are
+# CompositeExplicitAutograd over the out= op) must size it themselves, or nothing would work on
+# the wheel: so do these, whose sizes depend on the data.
+OUT_RAISES = frozenset({"aten::native_layer_norm_backward.out"})
+OUT_SIZES_ITSELF = frozenset(
+    """
+    aten::arange.start_out aten::empty.out aten::nonzero.out aten::masked_select.out
+    aten::_unique2.out aten::linspace.out aten::randperm.generator_out
+    """.split()
+)
+
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 # CompositeImplicitAutograd ops normally decompose above autograd, but reach the emulator when
 # called below it (from inside other kernels: item, reshape, _has_compatible_shallow_copy_type).
@@ -76,7 +90,8 @@ _COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFun
 
 class Plan:
     __slots__ = ("name", "kind", "fallback_name", "writes", "resizes", "mixed_ok", "impl_keys",
-                 "special", "bug", "bug_flag", "cpu_impl", "has_device_kw", "tensor_args")
+                 "special", "bug", "bug_flag", "cpu_impl", "has_device_kw", "tensor_args",
+                 "strict_out")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -86,6 +101,8 @@ class Plan:
         # aliases and writes (in-place and out= ops return the caller's tensor, not a new one).
         self.writes: Optional[Tuple[Optional[tuple], ...]] = None
         self.resizes = False
+        # an out= kernel of the wheel that leaves a wrongly sized output as it was (or raises)
+        self.strict_out = False
         self.mixed_ok = name in MIXED_DEVICE_OK
         # torch.library keys ("aten/lerp.Scalar/PrivateUse1") that, when registered, route
         # the op to a user kernel; checked per call with one set lookup.
@@ -133,6 +150,24 @@ def _out_variant(func: torch._ops.OpOverload) -> Optional[str]:
                 return out_name
             return None
     return None
+
+
+def _composite_calls_out(func: torch._ops.OpOverload) -> bool:
+    """Whether the functional sibling of out= op ``func`` is a composite that calls it with an
+    output it allocated empty (at::empty({0}) + the out= op): then the kernel sizes it."""
+    schema = func._schema
+    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1], None)
+    if packet is None:
+        return False
+    want = [(a.name, str(a.type)) for a in schema.arguments if not _is_out_arg(a)]
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)._schema
+        if [(a.name, str(a.type)) for a in candidate.arguments] == want:
+            name = "aten::" + candidate.name.split("::", 1)[1] + (
+                "." + overload if overload != "default" else "")
+            return (_has_kernel(name, "CompositeExplicitAutograd")
+                    or _has_kernel(name, "CompositeImplicitAutograd"))
+    return False
 
 
 def _writes(func: torch._ops.OpOverload) -> Optional[Tuple[Optional[tuple], ...]]:
@@ -199,4 +234,8 @@ def build(func: torch._ops.OpOverload, specials: Dict[str, Callable],
         else:
             plan.kind, plan.fallback_name = FALLBACK, name
     plan.impl_keys = tuple(keys)
+    plan.strict_out = (plan.kind == NATIVE and name not in METADATA_INPLACE
+                       and name not in OUT_SIZES_ITSELF
+                       and any(_is_out_arg(a) for a in func._schema.arguments)
+                       and not _composite_calls_out(func))
     return plan

@@ -358,6 +358,26 @@ def _wrap_result(out, index: int):
     return out
 
 
+def size_mismatch_message(a, b) -> str:
+    """torch's broadcasting message for shapes ``a`` and ``b`` (a, the result; b, the output)."""
+    a, b = list(a), list(b)
+    n = max(len(a), len(b), 1)
+    a, b = [1] * (n - len(a)) + a, [1] * (n - len(b)) + b
+    differ = [d for d in range(n - 1, -1, -1) if a[d] != b[d]] or [n - 1]
+    d = next((d for d in differ if a[d] != 1 and b[d] != 1), differ[0])
+    return (f"The size of tensor a ({a[d]}) must match the size of tensor b ({b[d]}) at "
+            f"non-singleton dimension {d}")
+
+
+def _keep_out_size(plan: _policy.Plan, t: EmuTensor) -> None:
+    """The gap "out-resize": the CPU kernel resized the elem of ``t``; the wheel's does not."""
+    elem = t._elem
+    result_shape = elem.shape
+    elem.set_(elem.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    if plan.name in _policy.OUT_RAISES or t.numel() != 0:
+        raise RuntimeError(size_mismatch_message(result_shape, t.shape))
+
+
 def finish(plan: _policy.Plan, args, kwargs, out, index: int, wrap_results: bool = True):
     """Turn the CPU result of ``plan``'s op into the value the caller gets back."""
     writes = plan.writes
@@ -378,6 +398,8 @@ def finish(plan: _policy.Plan, args, kwargs, out, index: int, wrap_results: bool
         if plan.resizes:
             for t in original if isinstance(original, (list, tuple)) else (original,):
                 if type(t) is EmuTensor:
+                    if plan.strict_out and state.out_resize and t._elem.shape != t.shape:
+                        _keep_out_size(plan, t)
                     sync_metadata(t)
     if len(writes) == 1 and not isinstance(out, (tuple, list)):
         return originals[0]
@@ -389,7 +411,17 @@ def run_on_cpu(func, plan: _policy.Plan, args, kwargs):
     if plan.cpu_impl is not None:
         out = plan.cpu_impl(*cargs, **ckwargs)
     else:
-        out = func(*cargs, **ckwargs)
+        try:
+            out = func(*cargs, **ckwargs)
+        except RuntimeError:
+            # a wrapped number (remainder(x, 7) reaches remainder.Tensor with a Python 7):
+            # the CPU overload wants a tensor there (the normal path pays nothing for this)
+            positions = plan.tensor_args[0]
+            if not any(i < len(cargs) and isinstance(cargs[i], (int, float, complex))
+                       for i in positions):
+                raise
+            cargs = [_as_tensor(a) if i in positions else a for i, a in enumerate(cargs)]
+            out = func(*cargs, **ckwargs)
     return finish(plan, args, kwargs, out, index, wrap_results)
 
 

@@ -162,11 +162,13 @@ def test_which_guards_are_active():
     assert active_guards(dml, on) == kernels
     assert active_guards(dml, off) == ()
     emu = Target("emulated-dml", 1, "test")
-    assert active_guards(emu, on) == kernels  # they key off the target, not the gaps
+    assert active_guards(emu, on) == kernels  # they key off the target, not the gaps,
+    # except the max-pool one: it converts the wheel's flattened indices, so it needs them
     none = config.load({"device": "cpu", "emulator_gaps": "none"})
-    assert active_guards(emu, none) == kernels
+    gapless = tuple(g for g in kernels if g != "max_pool_indices")
+    assert active_guards(emu, none) == gapless
     bn = config.load({"device": "cpu", "emulator_gaps": "fallback,bug-bn-stats"})
-    assert active_guards(emu, bn) == kernels + ("bn_stats",)
+    assert active_guards(emu, bn) == gapless + ("bn_stats",)
     assert active_guards(dml, bn) == kernels
     assert active_guards(Target("cpu", 1, "test"), on) == ()
 
@@ -202,3 +204,31 @@ def test_guards_install_only_their_kernels_and_uninstall(shim):
     assert _device_kernels() == set()
     shim(device="cpu", emulator_gaps=BUGS)  # the CPU has none of these bugs
     assert F.batch_norm is batch_norm and _device_kernels() == set()
+
+
+LAYOUT = r"""
+import dmlshim, torch
+conv = torch.nn.Conv2d(3, 4, 3)
+try:
+    conv.to("cuda", memory_format=torch.channels_last)
+    print("RESULT moved", conv.weight.device.type)
+except RuntimeError as err:
+    print("RESULT refused", err)
+"""
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("guards", ["on", "off"])
+def test_guards_off_leaves_memory_format_to_the_wheel(guards):
+    """DMLSHIM_GUARDS=off is raw: the channels-last rewrite is a guard too, so the wheel's
+    refusal shows (the emulator's channels-last gap, the wheel's text)."""
+    env = clean_env(DMLSHIM_DEVICE="emulated-dml", DMLSHIM_GUARDS=guards)
+    proc = subprocess.run([sys.executable, "-c", LAYOUT], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    if guards == "on":
+        assert line == "RESULT moved privateuseone", line
+    else:
+        assert line == ("RESULT refused 'memory_format' argument is must be Contiguous for DML "
+                        "tensors"), line

@@ -17,6 +17,16 @@ import pytest
 from tests.helpers import REPO, clean_env
 
 BUDGET = {"cpu": 1, "emulated-dml": 2}
+# On DirectML the step's F.cross_entropy (ignore_index=-100, PyTorch's default) goes through
+# the guard for negative ignore indices (one frame per call, issue 22): counted apart.
+NLL_GUARD = "patches/guard_kernels.py:_nll_forward"
+
+
+def _guard_frames(device: str, functions: dict) -> float:
+    frames = functions.get(NLL_GUARD, 0)
+    if device == "emulated-dml":
+        assert frames == 1, functions
+    return frames
 
 
 @pytest.mark.parametrize("device", sorted(BUDGET))
@@ -28,7 +38,8 @@ def test_frames_per_step(device):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     plain, moves = r["plain"], r["moves"]
-    assert plain["shim_per_step"] <= BUDGET[device], plain["functions"]
+    assert plain["shim_per_step"] - _guard_frames(device, plain["functions"]) <= BUDGET[device], \
+        plain["functions"]
     assert r["per_entry_point_call"] <= 4, moves["functions"]
     walks = [f for f in list(plain["functions"]) + list(moves["functions"])
              if f.endswith((":called_from_torch", ":caller_module", ":_call_site"))]
@@ -47,4 +58,5 @@ def test_oom_translation_costs_one_frame_each_for_backward_and_step_only_when_ca
     assert proc.returncode == 0, proc.stderr[-3000:]
     plain = json.loads(proc.stdout.strip().splitlines()[-1])["plain"]
     assert plain["functions"].get("patches/oom.py:_translating") == 2, plain["functions"]
-    assert plain["shim_per_step"] == BUDGET["emulated-dml"] + 2, plain["functions"]
+    assert plain["shim_per_step"] - _guard_frames("emulated-dml", plain["functions"]) \
+        == BUDGET["emulated-dml"] + 2, plain["functions"]

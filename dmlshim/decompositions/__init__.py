@@ -12,6 +12,10 @@ Rules every kernel follows:
 * it is registered for ``PrivateUse1`` only, below autograd: the operators decomposed here are
   backward or optimizer operators, or forward operators whose derivative formula (in PyTorch's
   derivatives.yaml, registered for the Autograd keys) stays in force;
+* it follows the wheel's rules (the emulator enforces them): every output allocated at its
+  final shape (no ``resize_``, no empty ``out=``), no scatter that updates part of a dimension
+  and no ``scatter_add`` (it raises on the software adapter; ``index_put_`` with
+  ``accumulate=True`` sums instead);
 * it calls only operators torch-directml 0.2.5 implements (its kernel list is in
   ``emulated_dml/_dml_ops.py``) — otherwise the fallback would just move — and never the
   operator it implements (that would call itself);
@@ -162,9 +166,18 @@ def markdown_table(decompositions: Optional[Iterable[Decomposition]] = None) -> 
 
 
 def write_out(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``out.copy_(value)`` after resizing ``out`` like an out= kernel does; returns ``out``."""
+    """``out.copy_(value)``; returns ``out``.
+
+    torch-directml cannot resize a device tensor (``resize_`` keeps the element count, its
+    ``out=`` kernels leave a wrongly sized output as it was): PyTorch's functional forms hand
+    these kernels an output of the final shape, and a caller's ``out=`` of another shape is
+    refused here with what to do, instead of the silently empty result the wheel would give.
+    """
     if out.shape != value.shape:
-        out.resize_(value.shape)
+        raise RuntimeError(
+            f"dmlshim: an out= tensor of shape {list(out.shape)} for a result of shape "
+            f"{list(value.shape)} on DirectML, which cannot resize device tensors; pass an "
+            "out= tensor of the result's shape (or call the function without out=)")
     return out.copy_(value)
 
 

@@ -1,5 +1,5 @@
 """``nn.EmbeddingBag`` / ``F.embedding_bag`` (#724): forward and backward from gathers and
-scatter-adds.
+accumulating ``index_put_`` (not ``scatter_add``, which raises on the software adapter).
 
 ``embedding_bag`` (a composite) flattens 2-D input into indices + offsets and calls
 ``_embedding_bag`` (``_embedding_bag_forward_only`` when the weight needs no gradient); the
@@ -35,7 +35,7 @@ def _offset2bag(starts: Tensor, n: int) -> Tensor:
     marks = torch.zeros(n + 1, dtype=torch.long, device=starts.device)
     later = starts[1:]
     if later.numel():
-        marks.scatter_add_(0, later, torch.ones_like(later))
+        marks.index_put_((later,), torch.ones_like(later), accumulate=True)
     return marks.cumsum(0)[:n]
 
 
@@ -54,8 +54,8 @@ def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor,
     padding = torch.eq(indices, padding_idx) if padding_idx >= 0 else None
     counted = (torch.ones_like(indices) if padding is None
                else torch.ne(indices, padding_idx).long())
-    bag_size = torch.zeros(bags, dtype=torch.long, device=device).scatter_add_(0, offset2bag,
-                                                                             counted)
+    bag_size = torch.zeros(bags, dtype=torch.long, device=device).index_put_(
+        (offset2bag,), counted, accumulate=True)
     if mode == MODE_MAX:
         output, max_indices = _bag_max(rows, indices, starts, offset2bag, bag_size, padding)
         return output, offset2bag, bag_size, max_indices
@@ -64,7 +64,7 @@ def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor,
     if padding is not None:
         rows = rows.masked_fill(padding.unsqueeze(1), 0)
     output = torch.zeros(bags, dim, dtype=dtype, device=device)
-    output.scatter_add_(0, offset2bag.unsqueeze(1).expand(n, dim), rows)
+    output.index_put_((offset2bag,), rows, accumulate=True)
     if mode == MODE_MEAN:
         output = output / bag_size.clamp_min(1).to(dtype).unsqueeze(1)
     return output, offset2bag, bag_size, bag_size.clone()
@@ -106,7 +106,8 @@ def embedding_bag_dense_backward(grad: Tensor, indices: Tensor, offset2bag: Tens
     if mode == MODE_MAX:
         # Each output element came from one weight row; empty bags gave 0 and take nothing.
         per_bag = grad.masked_fill(torch.eq(bag_size, 0).unsqueeze(1), 0)
-        return result.scatter_add_(0, maximum_indices.long(), per_bag)
+        columns = torch.arange(dim, device=grad.device).unsqueeze(0).expand_as(per_bag)
+        return result.index_put_((maximum_indices.long(), columns), per_bag, accumulate=True)
     indices = indices.reshape(-1).long()
     offset2bag = offset2bag.long()
     rows = grad.index_select(0, offset2bag)
@@ -117,11 +118,11 @@ def embedding_bag_dense_backward(grad: Tensor, indices: Tensor, offset2bag: Tens
         rows = rows * per_sample_weights.reshape(-1, 1)
     if scale_grad_by_freq:
         counts = torch.zeros(num_weights, dtype=torch.long, device=grad.device)
-        counts.scatter_add_(0, indices, torch.ones_like(indices))
+        counts.index_put_((indices,), torch.ones_like(indices), accumulate=True)
         rows = rows / counts.index_select(0, indices).to(grad.dtype).unsqueeze(1)
     if padding_idx >= 0:
         rows = rows.masked_fill(torch.eq(indices, padding_idx).unsqueeze(1), 0)
-    return result.scatter_add_(0, indices.unsqueeze(1).expand_as(rows), rows)
+    return result.index_put_((indices,), rows, accumulate=True)
 
 
 def embedding_bag_backward(grad: Tensor, indices: Tensor, offsets: Tensor, offset2bag: Tensor,
@@ -149,8 +150,8 @@ def embedding_bag_per_sample_weights_backward(grad: Tensor, weight: Tensor, indi
     return per_index
 
 
-_FORWARD = ("`index_select` of the rows, `scatter_add` into the bags (offset2bag from "
-            "`scatter_add` + `cumsum`), `div` for mean; max: `scatter` into a (bags, longest, "
+_FORWARD = ("`index_select` of the rows, `index_put_(accumulate=True)` into the bags "
+            "(offset2bag from the same + `cumsum`), `div` for mean; max: `scatter` into a (bags, longest, "
             "dim) layout + `max(dim)` + `gather`")
 DECOMPOSITIONS = (
     Decomposition("aten::_embedding_bag", (724,), "embedding bags (`nn.EmbeddingBag`)",
@@ -159,9 +160,9 @@ DECOMPOSITIONS = (
                   _FORWARD, embedding_bag),
     Decomposition("aten::_embedding_bag_backward", (724,), "embedding bags backward (torch versions where it is a "
                   "CPU kernel, not torch 2.4's composite)",
-                  "`index_select` + `scatter_add` into the weight rows", embedding_bag_backward),
+                  "`index_select` + `index_put_(accumulate=True)` into the weight rows", embedding_bag_backward),
     Decomposition("aten::_embedding_bag_dense_backward", (724,), "embedding bags backward",
-                  "`index_select` + `scatter_add` into the weight rows",
+                  "`index_select` + `index_put_(accumulate=True)` into the weight rows",
                   embedding_bag_dense_backward),
     Decomposition("aten::_embedding_bag_per_sample_weights_backward", (724,),
                   "embedding bags backward (`per_sample_weights`)",

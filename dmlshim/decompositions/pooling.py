@@ -6,11 +6,13 @@ Adaptive max pooling: output cell (i, j) covers rows floor(i*H/oh) .. ceil((i+1)
 ``index_select`` (a window shorter than the longest repeats its last row, which changes neither
 the maximum nor the first position of it), then ``max`` over the box gives the value and the
 position, in the CPU kernel's scan order (row-major, first maximum wins). The indices are flat
-positions in the (H, W) plane, as the CPU returns them. The backward scatter-adds the gradient
-at those indices.
+positions in the (H, W) plane, as the CPU returns them. The backward sums the gradient at
+those indices with ``index_put_(accumulate=True)`` over the flattened tensor (no
+``scatter_add``: it raises on the software adapter).
 
-Replication-pad backward: the padded tensor is the input gathered at clamped row and column
-indices, so the gradient is a ``scatter_add`` of the output gradient along those indices.
+Replication-pad backward: the padded tensor repeats the first and last rows (columns), so the
+gradient is the centre plus the sums of the borders added onto the edge rows (columns),
+placed with ``constant_pad_nd`` (no scatter).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from dmlshim.decompositions import Decomposition, write_out
 
 Tensor = torch.Tensor
+aten = torch.ops.aten
 
 
 def _windows(size: int, out_size: int, device) -> Tuple[Tensor, int]:
@@ -60,31 +63,35 @@ def adaptive_max_pool2d_out(self: Tensor, output_size: Sequence[int], *, out: Te
 
 def adaptive_max_pool2d_backward_grad_input(grad_output: Tensor, self: Tensor, indices: Tensor,
                                             *, grad_input: Tensor) -> Tensor:
-    lead = self.shape[:-2]
     plane = self.size(-2) * self.size(-1)
-    grad = grad_output.reshape(*lead, -1)
-    value = torch.zeros((*lead, plane), dtype=grad_output.dtype, device=grad_output.device)
-    value = value.scatter_add(-1, indices.reshape(*lead, -1).long(), grad)
+    planes = self.numel() // max(plane, 1)
+    offsets = aten.arange.start_step(0, planes * plane, plane, dtype=torch.int64,
+                                     device=indices.device)
+    flat = indices.reshape(planes, -1).long() + offsets.unsqueeze(1)
+    value = aten.zeros.default([self.numel()], dtype=grad_output.dtype,
+                               device=grad_output.device)
+    value.index_put_((flat.reshape(-1),), grad_output.reshape(-1), accumulate=True)
     return write_out(grad_input, value.reshape(self.shape))
-
-
-def _clamped(size: int, before: int, after: int, device) -> Tensor:
-    return torch.arange(-before, size + after, device=device).clamp(0, size - 1)
 
 
 def replication_pad2d_backward(grad_output: Tensor, self: Tensor,
                                padding: List[int]) -> Tensor:
     left, right, top, bottom = (int(p) for p in padding)
-    h, w = self.size(-2), self.size(-1)
-    rows = _clamped(h, top, bottom, grad_output.device)
-    cols = _clamped(w, left, right, grad_output.device)
     g = grad_output
-    lead = g.shape[:-2]
-    shape_h = (*lead, h, g.size(-1))
-    idx = rows.reshape(-1, 1).expand(g.shape)
-    g = torch.zeros(shape_h, dtype=g.dtype, device=g.device).scatter_add(-2, idx, g)
-    idx = cols.reshape(1, -1).expand(g.shape)
-    return torch.zeros(self.shape, dtype=g.dtype, device=g.device).scatter_add(-1, idx, g)
+    for dim, before, after, n in ((-1, left, right, self.size(-1)),
+                                  (-2, top, bottom, self.size(-2))):
+        lead = [] if dim == -1 else [0, 0]
+        value = g.narrow(dim, max(before, 0), n + min(before, 0) + min(after, 0))
+        if min(before, after) < 0:  # cropping: the cropped part gets no gradient
+            value = aten.constant_pad_nd(value, lead + [-min(before, 0), -min(after, 0)])
+        if before > 0:
+            edge = g.narrow(dim, 0, before).sum(dim, keepdim=True)
+            value = value + aten.constant_pad_nd(edge, lead + [0, n - 1])
+        if after > 0:
+            edge = g.narrow(dim, g.size(dim) - after, after).sum(dim, keepdim=True)
+            value = value + aten.constant_pad_nd(edge, lead + [n - 1, 0])
+        g = value
+    return g
 
 
 def replication_pad2d_backward_grad_input(grad_output: Tensor, self: Tensor,
@@ -97,10 +104,12 @@ DECOMPOSITIONS = (
                   "`index_select` of each window into a fixed box, `max(dim)`, `gather` of the "
                   "flat indices", adaptive_max_pool2d_out),
     Decomposition("aten::adaptive_max_pool2d_backward.grad_input", (), "pooling backward",
-                  "`scatter_add` at the indices", adaptive_max_pool2d_backward_grad_input),
+                  "`index_put_(accumulate=True)` at the indices plus each plane's offset",
+                  adaptive_max_pool2d_backward_grad_input),
     Decomposition("aten::replication_pad2d_backward", (), "padding backward "
-                  "(`F.pad(mode='replicate')`, `nn.ReplicationPad2d`)", "two `scatter_add`s "
-                  "along clamped row and column indices", replication_pad2d_backward),
+                  "(`F.pad(mode='replicate')`, `nn.ReplicationPad2d`)", "the centre plus the "
+                  "border sums on the edge rows and columns (`narrow`, `sum`, "
+                  "`constant_pad_nd`)", replication_pad2d_backward),
     Decomposition("aten::replication_pad2d_backward.grad_input", (), "padding backward (out=)",
                   "as `replication_pad2d_backward`", replication_pad2d_backward_grad_input),
 )

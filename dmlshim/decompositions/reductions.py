@@ -1,7 +1,8 @@
 """Index and scan operators: ``index_add`` (graph networks' message passing), ``cumprod``
 (#437; diffusion schedules' ``alphas_cumprod``) and ``amin`` (box and range bounds).
 
-``index_add`` is a ``scatter_add`` with the index broadcast along the other dimensions.
+``index_add`` is an ``index_put_`` with ``accumulate=True`` along the indexed dimension moved
+to the front (not ``scatter_add``, which raises on the software adapter).
 ``cumprod`` is a Hillis-Steele scan: ceil(log2 n) rounds, each multiplying the running
 products by themselves shifted by 1, 2, 4, ... positions (the gap filled with ones by
 ``constant_pad_nd``): exact for zeros, signs, infinities and NaN, and rounded like a tree of
@@ -27,13 +28,12 @@ def index_add_out(self: Tensor, dim: int, index: Tensor, source: Tensor, *, alph
     base = self if self.dim() else self.reshape(1)
     src = source if source.dim() else source.reshape(1)
     dim = dim % base.dim()
-    shape = [1] * src.dim()
-    shape[dim] = -1
-    idx = index.long().reshape(shape).expand(src.shape)
     if alpha != 1:
         src = src * alpha
-    value = torch.scatter_add(base, dim, idx, src.to(base.dtype))
-    return write_out(out, value.reshape(self.shape))
+    value = base.movedim(dim, 0).contiguous()  # a copy: self is not written
+    value.index_put_((index.long().reshape(-1),), src.movedim(dim, 0).to(base.dtype),
+                     accumulate=True)
+    return write_out(out, value.movedim(0, dim).reshape(self.shape))
 
 
 def cumprod_out(self: Tensor, dim: int, *, dtype: Optional[torch.dtype] = None,
@@ -74,8 +74,8 @@ def amin_out(self: Tensor, dim: Sequence[int] = (), keepdim: bool = False, *,
 
 DECOMPOSITIONS = (
     Decomposition("aten::index_add.out", (), "graph networks (`index_add_`, `index_add`: "
-                  "message passing)", "`scatter_add` with the index expanded over the other "
-                  "dimensions", index_add_out),
+                  "message passing)", "`index_put_(accumulate=True)` along the indexed dimension "
+                  "moved to the front", index_add_out),
     Decomposition("aten::cumprod.out", (437,), "scans (`torch.cumprod`: DDPM's "
                   "`alphas_cumprod`; its backward)", "a log2(n)-round scan of `constant_pad_nd`"
                   " + `mul`", cumprod_out),

@@ -5,6 +5,8 @@ torch-directml 0.2.5 refuses ``memory_format=torch.channels_last`` in ``Module.t
 script's ``model.to("cuda", memory_format=torch.channels_last)`` (a speed hint on CUDA) gets a
 contiguous model instead: the same results. ``x.contiguous(memory_format=...)`` is accepted by
 the wheel and left alone. This area contributes the rule to :mod:`dmlshim.conversions`.
+It is a guard: ``DMLSHIM_GUARDS=off`` leaves ``memory_format`` to the wheel (which refuses it),
+so the wheel's behaviour can be seen raw.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class LayoutPatch(Patch):
         return target.is_directml
 
     def _install(self, target, config: Any) -> None:
+        if config.guards != "on":
+            return
         device_type = target.device_type
 
         def lands_on(dev: torch.device) -> bool:
