@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ from tests.helpers import REPO, clean_env
 CPU_BUDGET = 1  # issue 15: at most one shim frame per plain step on the CPU target
 
 
-@lru_cache(maxsize=None)
+@cache
 def hotpath(device: str, workload: str, count: bool = False, raw: bool = False,
             memory: str = "") -> dict:
     env = clean_env(**({"DMLSHIM_DECOMPOSE": "off", "DMLSHIM_GUARDS": "off"} if raw else {}))
@@ -110,7 +110,7 @@ def test_foreach_lerp_matches_cpu_one_frame_for_any_number_of_tensors(emu, weigh
         dev_selfs, dev_ends = [t.to("cuda") for t in selfs], [t.to("cuda") for t in ends]
         calls = []
 
-        def profile(frame, event, arg):  # noqa: ARG001
+        def profile(frame, event, arg, calls=calls):  # noqa: ARG001
             if event == "call" and "dmlshim" in frame.f_code.co_filename:
                 calls.append(frame.f_code.co_name)
 
