@@ -21,7 +21,7 @@ entry-point calls a CUDA-style loop makes itself: ``x.cuda()``, ``y.to("cuda")``
 ``--count`` runs the plain step under a ``TorchDispatchMode`` that sees every aten call on a
 device tensor, those the shim's device kernels (guards, decompositions) make inside included:
 per step, the *launches* (calls that run a kernel of the device: a leaf, no device call under
-it, not an allocation), *allocations* (``empty``), *fallbacks* (leaves the wheel runs on the CPU)
+it, not an allocation, not a view), *allocations* (``empty``), *views*, *fallbacks* (leaves the wheel runs on the CPU)
 and the *transfers* those fallbacks make (each device tensor they read is copied to the host,
 each one they return or write is copied back). Compared with ``DMLSHIM_DECOMPOSE=off
 DMLSHIM_GUARDS=off`` (the wheel's own path), the shim's path must launch no more, counting the
@@ -49,7 +49,7 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOVES_PER_STEP = 3  # entry-point calls the `moves` step makes itself
 WORKLOADS = ("mlp", "transformer2", "transformer4")
-_ALLOCS = ("aten::empty.memory_format", "aten::empty_strided", "aten::empty.out",
+_ALLOCS = ("aten::empty.memory_format", "aten::empty_strided", "aten::empty.out", "aten::empty_like",
            "aten::empty_strided.out")
 
 
@@ -164,6 +164,9 @@ def _device_calls_mode(device_type: str):
                         sum(on_device(t) for t in tree_leaves(out))
                 elif name in _ALLOCS:
                     self.counts["allocations"] += 1
+                elif any(r.alias_info is not None and not r.alias_info.is_write
+                         for r in func._schema.returns):
+                    self.counts["views"] += 1  # metadata only: no kernel runs
                 else:
                     self.counts["launches"] += 1
                     self.counts["op:" + name] += 1
