@@ -99,6 +99,16 @@ def test_no_more_device_launches_than_the_wheels_own_path(workload):
 # -- the kernels on the hot path agree with the CPU -------------------------------------------
 
 
+@pytest.fixture
+def emu(shim):
+    """The emulated DirectML device with the guards and decompositions on, counters at zero."""
+    shim(device="emulated-dml", decompose="on")
+    import emulated_dml as emulator
+
+    emulator.reset_fallback_counts()
+    return emulator
+
+
 @pytest.mark.emulator
 @pytest.mark.parametrize("weight", [0.0, 0.1, 0.4999, 0.5, 0.9, 1.0, -0.3, 1.7])
 def test_foreach_lerp_matches_cpu_one_frame_for_any_number_of_tensors(emu, weight):
