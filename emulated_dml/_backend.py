@@ -35,6 +35,8 @@ from emulated_dml._tensor import (
 )
 
 _CPU = torch.device("cpu")
+_C_EMPTY = torch._C._VariableFunctions.empty
+_C_EMPTY_STRIDED = torch._C._VariableFunctions.empty_strided
 _lib: Optional[Any] = None
 _cpp_guard: Optional[Any] = None
 _guard_kind = ""
@@ -49,8 +51,9 @@ def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memo
     check_memory_format(memory_format)
     # device=cpu explicitly: a torch.device(...) context or set_default_device must not send
     # this inner allocation back to the emulator.
-    elem = torch.empty(size, dtype=dtype, device=_CPU,
-                       memory_format=memory_format or torch.contiguous_format)
+    # torch's C function, as the wheel's C++ would: never a Python wrapper of torch.empty.
+    elem = _C_EMPTY(size, dtype=dtype, device=_CPU,
+                    memory_format=memory_format or torch.contiguous_format)
     return wrap(elem, index)
 
 
@@ -58,7 +61,7 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
     index = check_index(device.index if device is not None else None)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     check_float64(dtype)
-    return wrap(torch.empty_strided(size, stride, dtype=dtype, device=_CPU), index)
+    return wrap(_C_EMPTY_STRIDED(size, stride, dtype=dtype, device=_CPU), index)
 
 
 def _copy_from(self, dst, non_blocking=False):

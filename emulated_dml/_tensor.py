@@ -425,17 +425,20 @@ def run_on_cpu(func, plan: _policy.Plan, args, kwargs):
     return finish(plan, args, kwargs, out, index, wrap_results)
 
 
+_C_TENSOR = torch._C._VariableFunctions.tensor  # the C function: no Python wrapper
+
+
 def _as_tensor(value):
     if isinstance(value, bool):
-        return torch.tensor(value, dtype=torch.bool)
+        return _C_TENSOR(value, dtype=torch.bool)
     if isinstance(value, int):
-        return torch.tensor(value, dtype=torch.int64)
+        return _C_TENSOR(value, dtype=torch.int64)
     if isinstance(value, float):
         # The default dtype promotes like the wrapped number it stands for (a 0-dim tensor
         # never wins over a dimensioned one of the same category).
-        return torch.tensor(value, dtype=torch.get_default_dtype())
+        return _C_TENSOR(value, dtype=torch.get_default_dtype())
     if isinstance(value, complex):
-        return torch.tensor(value)
+        return _C_TENSOR(value)
     return value
 
 

@@ -48,6 +48,9 @@ class Decomposition:
     area: str  # the training path it sits on, for the README table
     replaced_by: str  # what computes it instead (ops torch-directml implements)
     kernel: Callable
+    # register when this operator falls back, rather than ``op`` itself: a ``_foreach_*``
+    # operator has a composite that loops over it (one kernel call per step, not per tensor)
+    when: str = ""
 
     @property
     def name(self) -> str:
@@ -139,7 +142,7 @@ class Registration:
 def register(decompositions: Optional[Iterable[Decomposition]] = None) -> Registration:
     """Register the kernels of ``decompositions`` (default: all) whose operators fall back here."""
     wanted = tuple(all_decompositions() if decompositions is None else decompositions)
-    pending = tuple(d for d in wanted if falls_back(d.op))
+    pending = tuple(d for d in wanted if falls_back(d.when or d.op))
     if not pending:
         return Registration(None, ())
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by Registration.remove

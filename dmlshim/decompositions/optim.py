@@ -7,6 +7,11 @@ over the per-tensor operator, so on torch-directml 0.2.5 the ``_foreach_*`` ops 
 longer fall back (#604, #626 were torch 2.3); the per-tensor ops they reach do, when
 torch-directml lacks them. ``lerp`` is a structured operator: ``lerp.Scalar``/``lerp_.Scalar``
 call ``lerp.Scalar_out``, which is the one to implement (#675).
+
+The optimizers call ``torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)`` once per step for all
+parameters: decomposed there, the shim runs one Python frame per step (not one per parameter)
+and the work stays the foreach ops' (``_foreach_sub`` + ``_foreach_add_``: two launches per
+tensor, where the wheel's fallback copies two tensors to the host and one back).
 """
 
 from __future__ import annotations
@@ -23,6 +28,24 @@ def lerp_scalar_out(self: torch.Tensor, end: torch.Tensor, weight, *,
     if abs(weight) < 0.5:
         return torch.add(self, diff, alpha=weight, out=out)
     return torch.sub(end, diff, alpha=1 - weight, out=out)
+
+
+_foreach_sub = torch._foreach_sub
+_foreach_sub_ = torch._foreach_sub_
+_foreach_add_ = torch._foreach_add_
+_foreach_mul_ = torch._foreach_mul_
+
+
+def foreach_lerp__scalar(self, end, weight) -> None:
+    # lerp.Scalar_out's CPU formula, for all tensors at once (foreach ops: composites over
+    # sub/add/mul, which the wheel has). weight < 0.5: self + weight * (end - self).
+    if abs(weight) < 0.5:
+        _foreach_add_(self, _foreach_sub(end, self), alpha=weight)
+        return
+    # else end - (end - self) * (1 - weight), in self: (self - end) * (1 - weight) + end
+    _foreach_sub_(self, end)
+    _foreach_mul_(self, 1 - weight)
+    _foreach_add_(self, end)
 
 
 def lerp_tensor_out(self: torch.Tensor, end: torch.Tensor, weight: torch.Tensor, *,
@@ -54,6 +77,11 @@ def clamp_tensor_out(self: torch.Tensor, min=None, max=None, *,  # noqa: A002 - 
 
 
 DECOMPOSITIONS = (
+    Decomposition("aten::_foreach_lerp_.Scalar", (604, 675), "optimizer step (Adam, AdamW, NAdam, "
+                  "RAdam: foreach path, one kernel per step)",
+                  "`_foreach_sub` + `_foreach_add_(alpha=weight)` (weight >= 0.5: `_foreach_sub_`,"
+                  " `_foreach_mul_`, `_foreach_add_`)", foreach_lerp__scalar,
+                  when="aten::lerp.Scalar_out"),
     Decomposition("aten::lerp.Scalar_out", (675,), "optimizer (Adam, AdamW, NAdam, RAdam, Adamax)",
                   "`sub` + `add(alpha=weight)` (or `sub(alpha=1-weight)` for weight >= 0.5, "
                   "the CPU formula)", lerp_scalar_out),

@@ -5,12 +5,22 @@ the dtype and memory-format rules other areas register) and records one event. N
 inside a model's forward. The ``.cuda``-like paths whose meaning belongs to another area --
 ``Tensor.type`` with a legacy CUDA type, ``Storage.cuda``, ``Tensor.share_memory_`` -- are
 wrapped here too and ask that area's policy (:data:`dmlshim.conversions.POLICIES`).
+
+torch's own per-step code calls factories too (autograd's ``_make_grads``: ``torch.ones_like``;
+the optimizers' ``torch.tensor(1.0, device="cpu")`` and ``zeros_like``), always with devices
+taken from tensors, never a script's "cuda". Those modules (:data:`TORCH_INTERNALS`) get, as
+their global ``torch``, a module object holding torch's attributes with the factories' originals
+(:func:`truth_namespace`): their calls reach torch's C functions with no shim frame at all, and
+an attribute torch gains later is looked up once (then kept). The emulator and the shim's own
+kernels call ``torch._C._VariableFunctions`` directly.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Optional, Tuple
+import sys
+import types
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.storage as _storage
@@ -32,6 +42,12 @@ _SUBMODULE_FACTORIES = (
     ("torch.fft", "fftfreq", None), ("torch.fft", "rfftfreq", None),
     ("torch.nested", "nested_tensor", None), ("torch.nested", "as_nested_tensor", 2),
 )
+# torch modules whose per-step code calls torch factories with tensors' devices (never a
+# script's): they see torch's originals (module global ``torch`` -> :func:`truth_namespace`).
+# Not the ones that take a device from their caller (GradScaler(device=), swa_utils).
+TORCH_INTERNALS = ("torch.autograd",) + tuple("torch.optim." + m for m in (
+    "optimizer", "adam", "adamw", "sgd", "adagrad", "adadelta", "adamax", "asgd", "nadam",
+    "radam", "rmsprop", "rprop", "sparse_adam", "lr_scheduler"))
 TENSOR_NEW_METHODS = ("new", "new_tensor", "new_zeros", "new_ones", "new_empty", "new_full",
                       "new_empty_strided")
 
@@ -141,6 +157,27 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = "",
             raise
 
     return wrapper
+
+
+def truth_namespace(originals: Dict[str, Any]) -> types.ModuleType:
+    """A module object with torch's attributes, ``originals`` over them (for torch's modules).
+
+    Attribute hits are dict lookups in C (no Python frame); a miss (a submodule torch imports
+    later, e.g. ``torch._dynamo``) is taken from torch once and kept.
+    """
+    ns = types.ModuleType("torch", torch.__doc__)
+    namespace = vars(ns)
+    namespace.update(vars(torch))
+    namespace.update(originals)
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - PEP 562 module __getattr__
+        value = getattr(torch, name)
+        if not name.startswith("__"):
+            namespace[name] = value
+        return value
+
+    namespace["__getattr__"] = __getattr__
+    return ns
 
 
 def _cuda_method(api: str, move: Optional[Callable[..., Any]] = None, tensor: bool = False,
@@ -260,6 +297,7 @@ class DevicesPatch(Patch):
             Owns("torch", factory_names() + ("Generator", "set_default_device")),
             Owns("torch.utils._device.DeviceContext", ("__init__",)))
     owns += tuple(Owns(module, (name,)) for module, name, _ in _SUBMODULE_FACTORIES)
+    owns += tuple(Owns(module, ("torch",)) for module in TORCH_INTERNALS)
 
     def applies(self, target) -> bool:
         return target.redirects  # on real CUDA every wrapper would be a pass-through
@@ -301,6 +339,15 @@ class DevicesPatch(Patch):
         self._install_generator(target)
         self._install_default_device()
         self._install_pin_memory(target)
+        self._install_truth_namespace()
+
+    # -- torch's own factory calls ---------------------------------------------------------
+    def _install_truth_namespace(self) -> None:
+        ns = truth_namespace({name: get_original(torch, name) for name in factory_names()})
+        for modname in TORCH_INTERNALS:
+            module = sys.modules.get(modname)
+            if module is not None and vars(module).get("torch") is torch:
+                self.replace(module, "torch", ns)
 
     # -- x.is_cuda -------------------------------------------------------------------------
     def _install_is_cuda(self, target) -> None:

@@ -2,18 +2,19 @@
 
 Installed last, so it sees every other patch. It
 
-* counts CPU fallbacks: torch-directml's ``UserWarning: The operator 'aten::X' is not currently
-  supported on the DML backend and will fall back to run on the CPU...`` (and the emulator's,
-  which has the same text) is caught where Python shows warnings (``warnings._showwarnmsg``,
-  which both ``warnings.warn`` and C code's ``PyErr_WarnEx`` reach). torch-directml warns from
-  one ``TORCH_WARN_ONCE`` site for every op, i.e. once per process in total; on DirectML the
-  shim turns ``torch.set_warn_always(True)`` on, which makes that site fire on every fallback,
-  and adds an ``always`` warning filter for that message only, so every call is counted; the
-  user sees one warning line per op (repeats the filter let through are swallowed). The
-  emulator keeps exact counts (``emulated_dml.fallback_counts()``), which the report uses
-  instead. A filter the script adds itself (``warnings.simplefilter("ignore")`` or
-  ``"always"``) goes first and decides as it says (ignored warnings are not counted), and a
-  script that turns ``warn_always`` off gets it off;
+* counts CPU fallbacks, at no cost per call: the emulator keeps exact counts
+  (``emulated_dml.fallback_counts()``), which the report uses; on real DirectML the report has
+  what torch-directml's ``UserWarning: The operator 'aten::X' is not currently supported on the
+  DML backend and will fall back to run on the CPU...`` says, caught where Python shows
+  warnings (``warnings._showwarnmsg``, which both ``warnings.warn`` and C code's
+  ``PyErr_WarnEx`` reach). torch-directml warns from one ``TORCH_WARN_ONCE`` site for every op,
+  i.e. once per process in total, so that is the first op that fell back, once. The trade-off:
+  ``torch.set_warn_always(True)`` would make that site fire on every fallback and count every
+  call, but it is process-wide (every ``TORCH_WARN_ONCE`` site of torch then goes through
+  Python's warnings machinery on every call) and each fallback call would run a shim frame; the
+  shim leaves it as the script set it. To list every op that falls back and how often, run the
+  script on the emulator (``DMLSHIM_DEVICE=emulated-dml``: exact counts) or
+  ``benchmarks/fallbacks.py``;
 * remembers how the script ended: an exception or Ctrl-C (``sys.excepthook``, which both Python
   and the runner call), ``sys.exit(n)``, or normally;
 * at exit (``atexit``: runs after a normal end, an uncaught exception, ``sys.exit`` and
@@ -53,8 +54,6 @@ REPORT_OWNER_ENV = "DMLSHIM_REPORT_OWNER"  # internal: "<pid>:<absolute report p
 FALLBACK_RE = re.compile(
     r"The operator '([^']+)' is not currently supported on the DML backend and will fall back "
     r"to run on the CPU")
-# The warning filter's message pattern (matched at the start of the message).
-FALLBACK_FILTER = r"The operator '[^']+' is not currently supported on the DML backend"
 
 # Counters (events.note) that mean a problem, and what the summary says about them. Patches can
 # also report problems directly with events.attention(key, message).
@@ -128,10 +127,6 @@ class DiagnosticsPatch(Patch):
         # at_exit and after_fork run from the session's process hooks (dmlshim.api)
         if self._report_path:
             self._claim_report()
-        self._fallback_filter: Optional[tuple] = None
-        self._shown_fallbacks: set = set()
-        if target.is_directml:
-            self._see_every_fallback()
 
     def after_fork(self) -> None:
         """A forked child reports what it did itself, from the fork on (the session has
@@ -153,48 +148,6 @@ class DiagnosticsPatch(Patch):
         # export the absolute path so they recognise the parent's claim.
         if os.environ.get("DMLSHIM_REPORT") == self._config.report:
             self._set_env("DMLSHIM_REPORT", self._report_path)
-
-    def _see_every_fallback(self) -> None:
-        """Make torch-directml's once-per-process fallback warning fire (and count) every time."""
-        import torch
-
-        previous = torch.is_warn_always_enabled()
-        torch.set_warn_always(True)
-
-        def restore_warn_always() -> None:
-            if torch.is_warn_always_enabled():  # still on: the script did not turn it off
-                torch.set_warn_always(previous)
-
-        self.on_undo(restore_warn_always)
-        warnings.filterwarnings("always", message=FALLBACK_FILTER, category=UserWarning)
-        self._fallback_filter = ours = warnings.filters[0]
-
-        def remove_filter() -> None:
-            if ours in warnings.filters:
-                warnings.filters.remove(ours)
-                mutated = getattr(warnings, "_filters_mutated", None)  # drops onceregistries
-                if mutated is not None:
-                    mutated()
-
-        self.on_undo(remove_filter)
-
-    def _decided_by_our_filter(self, msg: Any) -> bool:
-        """Whether the first warning filter that matches ``msg`` is the shim's ``always`` one."""
-        ours = self._fallback_filter
-        if ours is None:
-            return False
-        text = str(msg.message)
-        module = msg.filename or "<unknown>"
-        if module[-3:].lower() == ".py":
-            module = module[:-3]
-        for item in warnings.filters:
-            if item is ours:
-                return True
-            _, pattern, category, mod, lineno = item
-            if (pattern is None or pattern.match(text)) and issubclass(msg.category, category) \
-                    and (mod is None or mod.match(module)) and (lineno == 0 or lineno == msg.lineno):
-                return False
-        return False
 
     def _set_env(self, name: str, value: str) -> None:
         old = os.environ.get(name)
@@ -222,12 +175,7 @@ class DiagnosticsPatch(Patch):
             msg = args[0] if args else kwargs.get("msg")
             match = FALLBACK_RE.search(str(getattr(msg, "message", "")))
             if match is not None:
-                op = match.group(1)
-                events.fallback(op)
-                if self._decided_by_our_filter(msg):
-                    if op in self._shown_fallbacks:
-                        return None  # counted; the user has seen this op's line already
-                    self._shown_fallbacks.add(op)
+                events.fallback(match.group(1))
         except Exception:  # pragma: no cover - never let bookkeeping break warnings
             log.debug("dmlshim: fallback capture failed", exc_info=True)
         return wrapped(*args, **kwargs)
@@ -479,7 +427,9 @@ def summary_lines(report: Dict[str, Any], written: Optional[str] = None) -> List
             head = "  CPU fallbacks (calls): "
             items = [f"{op} x{n}" for op, n in fb["ops"].items()]
         else:
-            head = "  CPU fallbacks (calls, from torch-directml's warnings): "
+            # torch-directml warns once per process: the first op that fell back
+            head = "  CPU fallbacks (from torch-directml's warnings, which it gives once per " \
+                   "process: run on DMLSHIM_DEVICE=emulated-dml for every op and count): "
             items = [f"{op} x{n}" for op, n in fb["ops"].items()]
         lines.append(head + ", ".join(items))
     for message in report["attention"]:

@@ -33,13 +33,6 @@ Tensor = torch.Tensor
 aten = torch.ops.aten
 
 
-def _device_of(a, b) -> torch.device:
-    for t in (a, b):
-        if isinstance(t, Tensor) and t.device.type != "cpu":
-            return t.device
-    return a.device
-
-
 # -- eye (#431): eye.out / eye.m_out fall back and come back empty ---------------------------
 
 
@@ -71,41 +64,38 @@ def eye_out(n: int, *, out: Tensor) -> Tensor:
 
 
 # -- float tensor * bool tensor gives bool (#686, #737) --------------------------------------
+# One Python frame per call and nothing else for the inputs the wheel gets right: the check is
+# inline, and the call goes to PyTorch's own structured composite for the overload (the kernel
+# PrivateUse1 would run without this registration: it allocates the result at its final shape
+# and calls the wheel's mul.out), through the C entry point OpOverload._op_dk. Only a
+# float/bool pair pays more: the bool operand is converted first (Tensor.to's C original,
+# not the shim's wrapper).
 
-
-def _float_bool(a, b) -> bool:
-    da, db = getattr(a, "dtype", None), getattr(b, "dtype", None)
-    return (db is torch.bool and da is not None and da.is_floating_point) or (
-        da is torch.bool and db is not None and db.is_floating_point)
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional
+_MUL = aten.mul.Tensor._op_dk
+_MUL_ = aten.mul_.Tensor._op_dk
+_TO = torch._C.TensorBase.to
+_BOOL = torch.bool
 
 
 def mul_tensor(self: Tensor, other: Tensor) -> Tensor:
-    # The functional form, through the wheel's mul.out (as PyTorch's structured composite does),
-    # with a bool operand first converted to the float one's dtype.
-    dtype = torch.result_type(self, other)
-    if _float_bool(self, other):
+    a, b = self.dtype, other.dtype
+    if (a is _BOOL) is not (b is _BOOL) and (a.is_floating_point or b.is_floating_point):
         events.note("guard.mul_bool")
-        if self.dtype is torch.bool:
-            self = self.to(dtype)
+        if a is _BOOL:
+            self = _TO(self, b)
         else:
-            other = other.to(dtype)
-    # (at its final shape: the wheel's out= kernels do not resize)
-    out = aten.empty.memory_format(torch._C._infer_size(self.shape, other.shape), dtype=dtype,
-                                   device=_device_of(self, other))
-    return aten.mul.out(self, other, out=out)
+            other = _TO(other, a)
+    return _MUL(_COMPOSITE, self, other)
 
 
 def mul__tensor(self: Tensor, other: Tensor) -> Tensor:
-    if isinstance(other, Tensor) and other.shape != self.shape and other.dim() > 0:
-        # an out= kernel would resize self where the in-place op must refuse
-        shape = torch.broadcast_shapes(self.shape, other.shape)
-        if shape != self.shape:
-            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the "
-                               f"broadcast shape {list(shape)}")
-    if _float_bool(self, other) and self.dtype.is_floating_point:
+    # the composite in-place kernel checks the broadcast shape against self (no resize)
+    b = other.dtype
+    if b is _BOOL and self.dtype.is_floating_point:
         events.note("guard.mul_bool")
-        other = other.to(self.dtype)
-    return aten.mul.out(self, other, out=self)
+        other = _TO(other, self.dtype)
+    return _MUL_(_COMPOSITE, self, other)
 
 
 # -- nll_loss / cross_entropy ---------------------------------------------------------------
@@ -213,20 +203,57 @@ def _check_mask(mask: Tensor) -> None:
         raise RuntimeError(MASK_MESSAGE.format(_DTYPE_NAMES.get(mask.dtype, str(mask.dtype))))
 
 
+# Registering masked_fill_ replaces the wheel's own kernel, so the fill is the wheel's
+# where.self_out written into self: one launch, as the wheel's masked_fill_ is. Its 0-dim fill
+# tensor is kept per (value, dtype, device): after the first call, no allocation either.
+_where = torch._C._VariableFunctions.where
+_full = torch._C._VariableFunctions.full
+_FILLS: dict = {}
+_FILLS_MAX = 256
+_inference = torch.is_inference_mode_enabled
+
+
+def _check_shape(self: Tensor, mask: Tensor) -> None:
+    # where(out=self) would resize self to a larger broadcast shape; masked_fill_ refuses it
+    ms, ss = mask.shape, self.shape
+    if len(ms) > len(ss):
+        raise RuntimeError(f"masked_fill_: the mask of shape {list(ms)} has more dimensions "
+                           f"than the tensor of shape {list(ss)}")
+    off = len(ss) - len(ms)
+    for i in range(len(ms)):
+        if ms[i] != ss[off + i] and ms[i] != 1:
+            raise RuntimeError(f"The size of tensor a ({ss[off + i]}) must match the size of "
+                               f"tensor b ({ms[i]}) at non-singleton dimension {off + i}")
+
+
 def masked_fill__scalar(self: Tensor, mask: Tensor, value) -> Tensor:
-    # The wheel's masked_fill_ is this very kernel now: the fill is a where() into self.
-    _check_mask(mask)
-    fill = torch.full((), value, dtype=self.dtype, device=self.device)
-    return self.copy_(torch.where(mask, fill, self))
+    if mask.dtype is not _BOOL:
+        _check_mask(mask)
+    ms, ss = mask.shape, self.shape
+    if ms != ss and (len(ms) > len(ss) or ms != ss[len(ss) - len(ms):]):
+        _check_shape(self, mask)  # a mask broadcast with size-1 dims (or a wrong one)
+    # an inference tensor and a normal one are not interchangeable on the wheel
+    key = (value, value.__class__, self.dtype, self.device, _inference())
+    fill = _FILLS.get(key)
+    if fill is None:
+        if len(_FILLS) >= _FILLS_MAX:
+            _FILLS.clear()
+        fill = _FILLS[key] = _full((), value, dtype=self.dtype, device=self.device)
+    return _where(mask, fill, self, out=self)
 
 
 def masked_fill__tensor(self: Tensor, mask: Tensor, value: Tensor) -> Tensor:
-    _check_mask(mask)
+    if mask.dtype is not _BOOL:
+        _check_mask(mask)
     if value.dim() != 0:
         raise RuntimeError("masked_fill_ only supports a 0-dimensional value tensor, but got "
                            f"tensor with {value.dim()} dimension(s).")
-    fill = value.to(device=self.device, dtype=self.dtype)
-    return self.copy_(torch.where(mask, fill, self))
+    ms, ss = mask.shape, self.shape
+    if ms != ss and (len(ms) > len(ss) or ms != ss[len(ss) - len(ms):]):
+        _check_shape(self, mask)
+    fill = value if value.dtype is self.dtype and value.device == self.device \
+        else _TO(value, device=self.device, dtype=self.dtype)
+    return _where(mask, fill, self, out=self)
 
 
 # -- F.pad(mode="reflect") swaps the height and width padding (forward and backward) ---------

@@ -8,15 +8,17 @@ and the frameworks' batch-size finders look at the text: accelerate's
 ``" out of memory."``, Lightning's ``is_oom_error`` wants ``"CUDA"`` and ``"out of memory"``,
 both in the one argument of a RuntimeError.
 
-Where the shim has a frame, the error becomes :class:`DirectMLOutOfMemoryError` (a real
-``torch.OutOfMemoryError`` whose one argument is CUDA-style text followed by the original
-DirectML text): the device entry points (``dmlshim.patches.devices`` calls :func:`reraise`),
-``torch.autograd.backward``/``grad`` and every optimizer's ``step``. The raise happens in C++,
-so the only way to catch it is a frame around the call: the backward and step wrappers are
-installed only where an untyped OOM can happen (capabilities ``raises_untyped_oom``: DirectML,
-or an emulated adapter with a cap), at one frame each per step. Inside a model's forward the
-error stays the wheel's RuntimeError (wrapping every module call would put the shim on the hot
-path); the frameworks' OOM predicates are wrapped to recognise the raw text there.
+Where the shim already has a frame, the error becomes :class:`DirectMLOutOfMemoryError` (a
+real ``torch.OutOfMemoryError`` whose one argument is CUDA-style text followed by the original
+DirectML text): the device entry points (``dmlshim.patches.devices`` calls :func:`reraise`), where
+a script's ``.cuda()``/``.to("cuda")``/factory runs out. The raise happens in C++, so catching it
+anywhere else takes a frame around the call, paid on every call whether or not anything goes
+wrong: the shim adds none to the per-step paths (forward, ``backward``, the optimizer's
+``step``), so an OOM there stays the wheel's RuntimeError, as on torch-directml. What code does
+with such an error is asking the frameworks' OOM predicates (accelerate's, Lightning's), which
+are wrapped (called once per failure, never per step) to recognise the raw text; a script's own
+``except torch.cuda.OutOfMemoryError`` around ``backward()`` does not see it (the trade-off:
+zero cost per step against that one pattern). :func:`translate` converts one by hand.
 """
 
 from __future__ import annotations
@@ -84,14 +86,6 @@ def reraise(exc: RuntimeError) -> None:
         raise new from exc
 
 
-def _translating(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    try:
-        return wrapped(*args, **kwargs)
-    except RuntimeError as exc:
-        reraise(exc)
-        raise
-
-
 def _recognising(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """A framework's "is this an OOM?" predicate that also says yes to DirectML's text."""
     if wrapped(*args, **kwargs):
@@ -114,10 +108,7 @@ FRAMEWORK_PREDICATES = (
 
 class OutOfMemoryPatch(Patch):
     name = "oom"
-    owns = (Owns("torch.autograd", ("backward", "grad")),
-            Owns("torch.optim.Optimizer", ("__init_subclass__",)),
-            Owns("torch.optim.Optimizer", ("step",), subclasses=True))
-    owns += tuple(Owns(module, (attr,)) for module, attr in FRAMEWORK_PREDICATES)
+    owns = tuple(Owns(module, (attr,)) for module, attr in FRAMEWORK_PREDICATES)
 
     def applies(self, target) -> bool:
         return target.is_directml
@@ -128,37 +119,8 @@ class OutOfMemoryPatch(Patch):
         if mib:
             caps.limit_memory(int(mib) * 2**20)
             self.on_undo(lambda: caps.limit_memory(None))
-        if caps.raises_untyped_oom():
-            self.wrap(torch.autograd, "backward", _translating)
-            self.wrap(torch.autograd, "grad", _translating)
-            self._wrap_optimizer_steps()
         for modname, attr in FRAMEWORK_PREDICATES:
             when_imported(modname, lambda mod, attr=attr: self._wrap_predicate(mod, attr))
-
-    def _wrap_optimizer_steps(self) -> None:
-        """``step`` of every optimizer class, those defined later included."""
-        base = torch.optim.Optimizer
-        pending, seen = list(base.__subclasses__()), set()
-        while pending:
-            cls = pending.pop()
-            if cls not in seen:
-                seen.add(cls)
-                self._wrap_step(cls)
-                pending.extend(cls.__subclasses__())
-        patch = self
-
-        def init_subclass(cls, **kwargs: Any) -> None:
-            super(base, cls).__init_subclass__(**kwargs)
-            patch._wrap_step(cls)
-
-        self.replace(base, "__init_subclass__", classmethod(init_subclass))
-
-    def _wrap_step(self, cls: type) -> None:
-        # only where the class defines it: a subclass that inherits step goes through the
-        # parent's wrapper (torch's profile_hook_step may later wrap ours; uninstall puts the
-        # class's own step back and torch hooks it again at the next construction)
-        if "step" in vars(cls) and not is_patched(cls, "step"):
-            self.wrap(cls, "step", _translating)
 
     def _wrap_predicate(self, module: Any, attr: str) -> None:
         if self.installed and callable(getattr(module, attr, None)) \

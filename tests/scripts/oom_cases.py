@@ -5,8 +5,8 @@ cap and prints ``result <key> <value>`` lines. The emulator's C++ device guard i
 first: with torch >= 2.5's Python guard, an exception raised in the autograd engine's device
 thread aborts the process (any exception, not only this one).
 
-Cases: ``except`` (``except torch.cuda.OutOfMemoryError`` at entry points, backward and the
-optimizer step; inside forward the wheel's RuntimeError), ``accelerate`` (``find_executable_batch_size``), ``hf``
+Cases: ``except`` (``except torch.cuda.OutOfMemoryError`` at entry points; inside forward,
+backward and the optimizer step the wheel's RuntimeError), ``accelerate`` (``find_executable_batch_size``), ``hf``
 (``Trainer(auto_find_batch_size=True)``), ``lightning`` (``Tuner.scale_batch_size``).
 """
 
