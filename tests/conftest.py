@@ -16,7 +16,6 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-
 TIERS = ("fast", "rest", "all")
 
 
