@@ -32,7 +32,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
 # -- models -------------------------------------------------------------------------------------
 
 class Block(nn.Module):
