@@ -10,7 +10,8 @@ dtype), ``fp32`` (pointwise exp/log/pow..., losses, layer/group norm, upsampling
 ``fp32_set_opt_dtype`` (softmax, log_softmax, sum, prod, cumsum, vector/matrix norms: an unset
 ``dtype=`` becomes float32), ``fp32_append_dtype`` (``norm``), ``promote`` (addcmul, index_put,
 scatter_add...: the widest input dtype) and the banned ``binary_cross_entropy`` -- plus a
-fallthrough for every other operator. An operator is registered only where the installed torch
+fallthrough for every other operator, and the RNN entry points cast as cuDNN's RNN is on CUDA
+(:data:`RNN_LIKE_CUDNN`). An operator is registered only where the installed torch
 registers it for ``AutocastCUDA``, so each torch gets its own CUDA list. Casts follow C++'s
 ``cached_cast``: floating-point ``privateuseone`` tensors other than float64 are cast, and
 float32 leaf tensors that require grad (weights) are cast once per region where the caller
@@ -73,6 +74,13 @@ PROMOTE = (
     "index_put", "tensordot", "scatter_add",
 )
 BANNED = ("binary_cross_entropy",)
+# On CUDA, nn.LSTM/GRU/RNN reach cuDNN's _cudnn_rnn, whose autocast kernel casts input, states
+# and weights to float16 once. On privateuseone they take the composite path, whose cells see
+# transposed weight views (C++'s cache skips views): cast per time step, each copy kept for
+# backward. Casting at the composite's entry does what _cudnn_rnn does (registered where this
+# torch has the _cudnn_rnn autocast kernel).
+RNN_LIKE_CUDNN = ("lstm.input", "lstm.data", "gru.input", "gru.data", "rnn_tanh.input",
+                  "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data")
 # AutocastCUDA registrations for operators only CUDA tensors reach (cuDNN)
 CUDA_BACKEND_ONLY = ("_cudnn_rnn", "cudnn_convolution", "cudnn_convolution_transpose")
 
@@ -267,7 +275,8 @@ def _op(name: str) -> Any:
 def policies() -> Dict[str, str]:
     """Every operator of CUDA's tables -> its policy name (whether this torch has it or not)."""
     out: Dict[str, str] = {}
-    for names, policy in ((LOWER_PRECISION_FP, "lower_precision_fp"), (FP32, "fp32"),
+    for names, policy in ((LOWER_PRECISION_FP + RNN_LIKE_CUDNN, "lower_precision_fp"),
+                          (FP32, "fp32"),
                           (FP32_SET_OPT_DTYPE, "fp32_set_opt_dtype"),
                           (tuple(FP32_APPEND_DTYPE), "fp32_append_dtype"),
                           (PROMOTE, "promote"), (BANNED, "banned")):
@@ -290,9 +299,10 @@ def _enable() -> None:
     _fallthrough_lib.m.fallback_fallthrough("AutocastPrivateUse1")
     _kernel_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed by _disable
     done: List[str] = []
+    rnn = cuda_registered("_cudnn_rnn")
     for name, policy in policies().items():
         op = _op(name)
-        if op is None or not cuda_registered(name):
+        if op is None or not (cuda_registered(name) or (rnn and name in RNN_LIKE_CUDNN)):
             continue
         if policy == "fp32_append_dtype":
             kernel = _fp32_append_dtype(op, _op(FP32_APPEND_DTYPE[name]))

@@ -17,11 +17,12 @@ a different way: ``torch.autocast("cuda", dtype=torch.float16)``, ``torch.cuda.a
 * ``lstm``: an LSTM language model (embedding, 2-layer ``nn.LSTM``, linear head).
 
 Stdout per model: ``loss <model> <step> <float.hex()>``, ``dtypes <model> <output> <loss>``,
-``scaler <model> <enabled 0|1> <final scale>``, ``memory <model> <bytes>`` (peak of
-``torch.cuda.max_memory_allocated`` over a step, after ``reset_peak_memory_stats``; 0 without
-CUDA). ``--reference cpu16`` trains on the CPU under ``torch.autocast("cpu",
-dtype=torch.float16)`` with ``torch.amp.GradScaler("cpu")``; ``--reference cpu32`` in float32
-without a scaler: references to compare the CUDA recipe with.
+``scaler <model> <enabled 0|1> <final scale>``, ``memory <model> <peak> <held>`` (bytes: the
+highest ``torch.cuda.max_memory_allocated`` of a step, after ``reset_peak_memory_stats``, and
+``torch.cuda.memory_allocated`` after the last step; 0 without CUDA). ``--reference cpu16``
+trains on the CPU under ``torch.autocast("cpu", dtype=torch.float16)`` with
+``torch.amp.GradScaler("cpu")``; ``--reference cpu32`` in float32 without a scaler: references
+to compare the CUDA recipe with.
 """
 
 import argparse
@@ -227,7 +228,8 @@ def main():
                 print(f"dtypes {name} {str(out.dtype)[6:]} {str(loss.dtype)[6:]}")
             print(f"loss {name} {step} {loss.detach().float().item().hex()}")
         print(f"scaler {name} {int(scaler.is_enabled())} {scaler.get_scale()}")
-        print(f"memory {name} {peak}")
+        held = torch.cuda.memory_allocated() if use_cuda else 0
+        print(f"memory {name} {peak} {held}")
 
 
 if __name__ == "__main__":
