@@ -4,22 +4,27 @@
 autocast region on the target's device whose autocast dtype is float32, so autocast-eligible ops
 (conv, linear, matmul, ...) cast float16/bfloat16 inputs to float32, as CUDA autocast casts
 both operands to float16 (a float16 batch into a float32 model works, as in ultralytics'
-validation); torch's "CUDA is not available ... Disabling autocast" warning never fires. On
-DirectML, whose torch-directml has no AutocastPrivateUse1 kernels (microsoft/DirectML#454),
-dmlshim registers the casting kernels for the installed session (``emulated_dml/autocast_kernels.py``). A
+validation); torch's "CUDA is not available ... Disabling autocast" warning never fires. A
 CUDA ``GradScaler`` is a disabled scaler -- ``scale`` returns its input, ``step`` calls
 ``optimizer.step()``, ``unscale_``/``update`` do nothing -- whose ``state_dict`` still holds the
 scaler settings (so a checkpoint written here resumes an enabled scaler on a CUDA machine) and
 whose ``load_state_dict`` accepts a CUDA scaler's state.
 
-``DMLSHIM_AMP=fp16``: autocast regions for ``"cuda"`` run as float16 autocast on the target where
-torch can autocast there (the CPU; an emulated adapter whose ``autocast`` gap is off), and the
-scaler is a real, enabled scaler on that device. Where autocast refuses the device
-(torch-directml 0.2.5: microsoft/DirectML#454, reproduced by the emulator's ``autocast`` gap),
-regions compute in float32 as with ``off``, with one warning per call site.
+``DMLSHIM_AMP=fp16``: autocast regions for ``"cuda"`` run as float16 autocast on the target
+(the CPU: torch's own CPU autocast; DirectML, real or emulated: CUDA's op lists, below), and the
+scaler is a real, enabled scaler on that device. A dtype the target cannot autocast to runs in
+float32 as with ``off``, one warning per call site; ``dtype=torch.bfloat16`` on DirectML
+follows ``DMLSHIM_BF16``.
 
-Only the constructors (and ``custom_fwd``/``custom_bwd``, decorators) are wrapped: nothing runs
-per op.
+On DirectML, torch-directml has no AutocastPrivateUse1 kernels (microsoft/DirectML#454,
+reproduced by the emulator's ``autocast`` gap): dmlshim holds CUDA's autocast kernels for the
+session (``emulated_dml/autocast_kernels.py``), with its weight-cast cache cleared when the
+outermost region ends (``torch.clear_autocast_cache``, which torch's ``autocast.__exit__``
+calls). A region the script disables (``autocast("cuda", enabled=False)``) disables autocast on
+the device that really autocasts.
+
+Only the constructors, ``clear_autocast_cache`` (once per outermost region, DirectML only) and
+``custom_fwd``/``custom_bwd`` (decorators) are wrapped: nothing of this module runs per op.
 """
 
 from __future__ import annotations
@@ -66,11 +71,14 @@ class AmpPlan:
         return self.device_type is not None
 
 
-def _autocast_dtypes(device_type: str, index: int = 0) -> Tuple[torch.dtype, ...]:
+def _autocast_dtypes(device_type: str, index: int = 0,
+                     run_op: bool = True) -> Tuple[torch.dtype, ...]:
     """The low-precision dtypes torch really autocasts to on ``device_type`` (empty: none).
 
-    A region is built and a matmul run in it: building can succeed where the ops then have
-    no autocast kernel for the device.
+    A region is built, and with ``run_op`` a matmul run in it: building can succeed where the
+    ops then have no autocast kernel for the device. On DirectML the kernels are dmlshim's
+    (held before this is asked), so only the constructor's answer is needed: no device op runs
+    at install (see :attr:`AmpPatch.float32_device` for why that matters).
     """
     found = []
     device = torch.device(device_type, index) if device_type != "cpu" else torch.device("cpu")
@@ -80,6 +88,9 @@ def _autocast_dtypes(device_type: str, index: int = 0) -> Tuple[torch.dtype, ...
                 warnings.simplefilter("ignore")
                 ctx = _autocast_mode.autocast(device_type, dtype=dtype)
                 if not getattr(ctx, "_enabled", False):
+                    continue
+                if not run_op:
+                    found.append(dtype)
                     continue
                 a = torch.ones(2, 2, device=device)
                 with ctx:
@@ -95,13 +106,13 @@ def make_plan(target: Any, mode: str) -> AmpPlan:
     if mode != "fp16":
         return AmpPlan(mode, None, (), "DMLSHIM_AMP=off")
     device_type = target.device_type
-    dtypes = _autocast_dtypes(device_type, target.index)
+    # DirectML: dmlshim's CUDA-like kernels autocast there (float16 arithmetic itself works on
+    # the device); torch's constructor says which dtypes the device module accepts.
+    dtypes = _autocast_dtypes(device_type, target.index, run_op=not target.is_directml)
     allowed = capabilities.of(target).autocast_dtypes_allowed()  # DirectML: no bf16 (#688)
     dtypes = tuple(d for d in dtypes if d in allowed)
     if torch.float16 not in dtypes:
-        return AmpPlan(mode, None, (),
-                       f"torch cannot autocast on {device_type} (torch-directml 0.2.5 refuses "
-                       "it: microsoft/DirectML#454)")
+        return AmpPlan(mode, None, (), f"torch cannot autocast to float16 on {device_type}")
     return AmpPlan(mode, device_type, dtypes)
 
 
@@ -139,23 +150,28 @@ class AmpPatch(Patch):
     owns = (Owns("torch.amp.autocast_mode.autocast", ("__init__",)),
             Owns("torch.amp.grad_scaler.GradScaler", ("__init__", "state_dict", "load_state_dict")),
             Owns("torch.amp", ("custom_fwd", "custom_bwd")),
-            Owns("torch.amp.autocast_mode", ("custom_fwd", "custom_bwd")))
+            Owns("torch.amp.autocast_mode", ("custom_fwd", "custom_bwd")),
+            Owns("torch", ("clear_autocast_cache",)))
 
     def applies(self, target) -> bool:
         return target.redirects
 
     def _install(self, target, config) -> None:
-        self.plan = plan = make_plan(target, config.amp)
         self._float32_probed: Optional[Optional[str]] = None  # None: not probed yet
         self._device_type, self._index = target.device_type, target.index
-        device_type = target.device_type
-        if device_type == "privateuseone":
-            # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's for the
-            # session, after make_plan probed what the device itself can do.
+        if target.is_directml:
+            # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's (CUDA's
+            # op lists) for the session, before the plan asks what autocast does there.
             import emulated_dml.autocast_kernels as _pu1_autocast
 
             _pu1_autocast.hold("dmlshim.amp")
             self.on_undo(lambda: _pu1_autocast.release("dmlshim.amp"))
+            # Weight casts are cached per region, as CUDA's are: torch clears its C++ cache
+            # when the outermost region ends, and the kernels' cache with it.
+            self.wrap(torch, "clear_autocast_cache", _clear_autocast_cache)
+            _pu1_autocast.enable_cache(True)
+            self.on_undo(lambda: _pu1_autocast.enable_cache(False))
+        self.plan = plan = make_plan(target, config.amp)
         if plan.mode == "fp16":
             if plan.low_precision:
                 log.info("DMLSHIM_AMP=fp16: CUDA autocast runs as %s autocast on %s",
@@ -202,28 +218,32 @@ class AmpPatch(Patch):
         plan = self.plan
         enabled = bool(bound.get("enabled", True))
         dtype = bound.get("dtype")
-        if not enabled:
-            return wrapped(*args, **kwargs)
         # Probe before this call warns: the probe's catch_warnings() resets Python's
         # once-per-site warning registry, which would let this call's warning show twice.
-        self.float32_device  # noqa: B018
+        on = plan.device_type if plan.low_precision else self.float32_device
+        if not enabled:
+            # autocast("cuda", enabled=False) inside a region turns autocast off where the
+            # shim turned it on (an fp32 island, as on CUDA); its dtype is left as it is.
+            if on is not None:
+                bound.update(device_type=on, dtype=None)
+                return wrapped(**bound)
+            return wrapped(*args, **kwargs)
+        float32 = False
         if dtype is torch.bfloat16:  # DirectML has no bfloat16: DMLSHIM_BF16 decides
             from dmlshim.patches import bf16
 
-            as_dtype = bf16.autocast_dtype()  # raises under DMLSHIM_BF16=error
+            as_dtype = bf16.autocast_dtype()  # raises under DMLSHIM_BF16=error; warns otherwise
             if as_dtype is torch.float32:
-                bound["enabled"] = False
-                events.redirected("torch.autocast", "cuda", "float32", tag="dropped")
-                return wrapped(**bound)
-            if as_dtype is not None:
+                float32 = True
+            elif as_dtype is not None:
                 dtype = bound["dtype"] = as_dtype
-        if plan.low_precision and (dtype is None or dtype in plan.dtypes):
+        if not float32 and plan.low_precision and (dtype is None or dtype in plan.dtypes):
             bound["device_type"] = plan.device_type
             bound["dtype"] = torch.float16 if dtype is None else dtype
             events.redirected("torch.autocast", "cuda", f"{plan.device_type} "
                               f"{str(bound['dtype']).replace('torch.', '')}")
             return wrapped(**bound)
-        if plan.mode == "fp16":
+        if plan.mode == "fp16" and not float32:
             if plan.low_precision:
                 why = f"{dtype} autocast is not available on {plan.device_type}"
             else:
@@ -284,6 +304,13 @@ class AmpPatch(Patch):
             })
             events.redirected("GradScaler", "cuda", "disabled (float32 training)", tag="dropped")
         return result
+
+
+def _clear_autocast_cache(wrapped, instance, args, kwargs):
+    import emulated_dml.autocast_kernels as _pu1_autocast
+
+    _pu1_autocast.clear_cache()
+    return wrapped(*args, **kwargs)
 
 
 def _scaler_state_dict(wrapped, instance, args, kwargs):
