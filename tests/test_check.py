@@ -118,9 +118,10 @@ def gap_script(tmp_path: Path) -> Tuple[Path, Dict[str, int]]:
     return path, where
 
 
-def check_run(script, tmp_path: Path, *args: str, device: str = "cpu", **options):
+def check_run(script, tmp_path: Path, *args: str, device: str = "cpu", env=None, **options):
     report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
-    proc = run_shim(script, *args, device=device, options={"report": str(report), **options})
+    proc = run_shim(script, *args, device=device, options={"report": str(report), **options},
+                    env=env, cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     data = json.loads(report.read_text(encoding="utf-8"))
     assert_valid_report(data)
@@ -189,16 +190,73 @@ def test_no_false_positives_on_the_cpu(tmp_path, script, args, device):
     assert "DMLSHIM_CHECK" not in proc.stderr, describe(proc)
 
 
-def test_a_detached_branch_is_named_at_the_first_step(tmp_path):
+def test_a_detached_branch_is_named(tmp_path):
     proc, report = check_run("check_detached", tmp_path)  # check off: gradient sanity is always on
     problems = report["check"]["gradients"]["problems"]
-    assert problems == [{"optimizer": "Adam", "no_gradient": {"count": 4, "where": ["model.branch"]},
+    assert problems == [{"optimizer": "Adam", "steps": 3,
+                         "no_gradient": {"count": 4, "where": ["model.branch"]},
                          "zero_gradient": {"count": 0, "where": []}}], problems
     assert report["check"]["steps_requested"] == 0 and report["check"]["ops_compared"] == 0
     line = next(x for x in proc.stderr.splitlines() if x.startswith("dmlshim:   needs attention:"))
-    assert "4 parameters of `model.branch` received no gradient at the first step" in line
+    assert ("4 parameters of `model.branch` received no gradient in each of the first 3 steps "
+            "of Adam") in line
     assert "DMLSHIM_CHECK=1" in line
     assert "model.frozen" not in proc.stderr and "model.unused" not in proc.stderr
+
+
+def printed_names(stdout: str, key: str) -> List[str]:
+    return [line.split()[1] for line in stdout.splitlines() if line.startswith(key + " ")]
+
+
+def flagged(report, params: List[str]) -> List[str]:
+    """The parameters the gradient alarm names (a module named stands for its parameters)."""
+    out: List[str] = []
+    for problem in report["check"]["gradients"]["problems"]:
+        units = problem["no_gradient"]["where"] + problem["zero_gradient"]["where"]
+        names = [p for p in params if any(p == u or p.startswith(u + ".") for u in units)]
+        assert len(names) == problem["no_gradient"]["count"] + problem["zero_gradient"]["count"]
+        out += names
+    return sorted(out)
+
+
+# (script, native args, shimmed args): each script prints the parameters its optimizer steps
+# ("param") and those the run left unchanged ("unchanged"). The alarm must name exactly the
+# parameters a native CPU run leaves unchanged.
+GRADIENT_CASES = [
+    # optimizer.step(closure): the backward runs inside step(): no alarm...
+    ("check_lightning", ("--accelerator", "cpu"), ()),
+    # ... and a detached branch is still named
+    ("check_lightning", ("--accelerator", "cpu", "--detach"), ("--detach",)),
+    # zero_init_residual: all-zero gradients at the first step only: no alarm over 3 steps...
+    ("check_resnet", ("--device", "cpu"), ()),
+    ("check_resnet", ("--device", "cpu", "--optimizer", "adam", "--steps", "2"),
+     ("--optimizer", "adam", "--steps", "2")),
+    # ... while a run of one step really leaves the zero-initialised blocks as they were
+    ("check_resnet", ("--device", "cpu", "--steps", "1"), ("--steps", "1")),
+    ("check_detached", (), ()),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("emulated-dml", marks=pytest.mark.emulator)])
+@pytest.mark.parametrize("script, native_args, args", GRADIENT_CASES,
+                         ids=[f"{c[0]}{'-'.join(('',) + c[2])}" for c in GRADIENT_CASES])
+def test_the_gradient_alarm_names_what_a_native_run_leaves_unchanged(tmp_path, script,
+                                                                      native_args, args, device):
+    if script == "check_lightning":
+        pytest.importorskip("lightning")
+    native = run_native(script, *native_args, env={"OMP_NUM_THREADS": "1"})
+    assert native.returncode == 0, describe(native)
+    proc, report = check_run(script, tmp_path, *args, device=device,
+                             env={"OMP_NUM_THREADS": "1"})
+    params = printed_names(proc.stdout, "param")
+    assert params and params == printed_names(native.stdout, "param")
+    unchanged = sorted(printed_names(native.stdout, "unchanged"))
+    assert flagged(report, params) == unchanged, describe(proc)
+    assert report["check"]["gradients"]["optimizers_checked"] == 1
+    said = any("gradient in" in line for line in report["attention"])
+    assert said == bool(unchanged), report["attention"]
+    if device == "cpu":  # the alarm is only looking: the run is the native one
+        assert losses(proc.stdout) == losses(native.stdout)
 
 
 @pytest.mark.parametrize("check", ["off", "1"])
