@@ -174,6 +174,39 @@ def _layer_norm_bwd_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+def _plane_offsets(x: torch.Tensor, out_shape) -> torch.Tensor:
+    """(n * C + c) * H * W for each output element of a pooling of ``x`` (CPU tensor)."""
+    planes = x.numel() // max(x.shape[-2] * x.shape[-1], 1)
+    base = torch.arange(planes, dtype=torch.int64) * (x.shape[-2] * x.shape[-1])
+    return base.reshape(list(out_shape[:-2]) + [1, 1])
+
+
+def _maxpool_flat_gap(func, plan, args, kwargs):
+    # The wheel's indices count over the whole input tensor, not per (H, W) plane as torch's:
+    # the per-plane index plus (n * C + c) * H * W (49, 50, 57, 59 where the CPU has 1, 2, 9, 11).
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    values, indices = func(*cargs, **ckwargs)
+    indices.add_(_plane_offsets(cargs[0], indices.shape))
+    return finish(plan, args, kwargs, (values, indices), index)
+
+
+def _maxpool_flat_backward_gap(func, plan, args, kwargs):
+    # (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices): the
+    # wheel's backward reads the indices as offsets into the whole input (its own convention),
+    # so per-plane indices send every gradient to the first plane.
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    grad_output, inp = cargs[0], cargs[1]
+    idx = cargs[7] if len(cargs) > 7 else ckwargs["indices"]
+    flat = torch.zeros(inp.numel(), dtype=grad_output.dtype)
+    flat.index_add_(0, idx.reshape(-1), grad_output.reshape(-1))
+    result = flat.reshape(inp.shape)
+    out = ckwargs.get("grad_input")
+    if out is not None:  # the .grad_input overload writes its out= tensor
+        out.copy_(result)
+        return finish(plan, args, kwargs, out, index)
+    return wrap(result, index)
+
+
 def _bn_stats_bug(func, plan, args, kwargs):
     # native_batch_norm(input, weight, bias, running_mean, running_var, training, ...):
     # run with copies of the running statistics so the real ones stay as they were.
@@ -207,6 +240,12 @@ BUGS.update({
     "aten::reflection_pad2d.out": ("reflect_pad", _reflect_pad_gap),
     "aten::native_layer_norm_backward": ("layer_norm_nobias", _layer_norm_bwd_gap),
     "aten::native_layer_norm_backward.out": ("layer_norm_nobias", _layer_norm_bwd_gap),
+    "aten::max_pool2d_with_indices": ("maxpool_flat_indices", _maxpool_flat_gap),
+    "aten::max_pool2d_with_indices.out": ("maxpool_flat_indices", _maxpool_flat_gap),
+    "aten::max_pool2d_with_indices_backward": ("maxpool_flat_indices",
+                                               _maxpool_flat_backward_gap),
+    "aten::max_pool2d_with_indices_backward.grad_input": ("maxpool_flat_indices",
+                                                          _maxpool_flat_backward_gap),
     "aten::native_batch_norm": ("bug_bn_stats", _bn_stats_bug),
     "aten::_native_batch_norm_legit": ("bug_bn_stats", _bn_stats_bug),
     "aten::_batch_norm_with_update": ("bug_bn_stats", _bn_stats_bug),

@@ -16,8 +16,11 @@ import torch
 # dmlshim.config accepts for DMLSHIM_EMULATOR_GAPS.
 GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye", "mul-bool",
         "nll-none-backward", "masked-fill-uint8", "reflect-pad", "channels-last",
-        "layer-norm-nobias", "storage", "inference-mode", "bfloat16")
-BUGS = ("bug-bn-stats",)
+        "layer-norm-nobias", "storage", "inference-mode", "bfloat16", "maxpool-flat-indices",
+        "out-resize", "resize", "unique-counts", "scatter-partial")
+# Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
+# adapter only (facts file: they may be the translation layer's, not the wheel's).
+BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
 # Former opt-in names of two gaps that are now on by default.
 ALIASES = {"bug-ce-none": "nll-none-backward", "bug-mul-bool": "mul-bool"}
 ALL_SWITCHES = GAPS + BUGS + tuple(ALIASES)
@@ -51,7 +54,19 @@ class _State:
     reflect_pad: bool = True
     channels_last: bool = True
     layer_norm_nobias: bool = True
+    maxpool_flat_indices: bool = True
+    out_resize: bool = True
+    resize: bool = True
+    unique_counts: bool = True
+    scatter_partial: bool = True
     bug_bn_stats: bool = False
+    bug_nll_ignore: bool = False
+    bug_scatter_add: bool = False
+    bug_ce_2d_none: bool = False
+    bug_bilinear: bool = False
+    # derived: one handler models both wrong nll backwards (see _ops._nll_backward_gap)
+    nll_backward_any: bool = True
+    scatter_any: bool = True
     current_index: int = 0
     devices: tuple = (torch.device("privateuseone", 0),)
 
@@ -81,6 +96,8 @@ def apply_switches(names: frozenset) -> None:
     state.generator = "generator" in names
     for name in GAPS[4:] + BUGS:  # the hot-path flag of "mul-bool" is state.mul_bool
         setattr(state, name.replace("-", "_"), name in names)
+    state.nll_backward_any = state.nll_none_backward or state.bug_nll_ignore
+    state.scatter_any = state.scatter_partial or state.bug_scatter_add
 
 
 def set_count(count: int) -> None:
