@@ -412,3 +412,41 @@ def test_outputs_nobody_reads_are_not_compared():
         aten.nll_loss_forward(logits, target, None, 1, -100)  # mean: total_weight is read
     assert list(results.first) == ["aten::nll_loss_forward"]
     assert results.first["aten::nll_loss_forward"].result == "output 1"
+
+
+@pytest.mark.emulator
+def test_the_masked_fill_mode_gap_is_the_wheels(shim):
+    """The emulator's masked-fill-mode gap does what the facts file says the wheel does, and
+    the shadow gives the script the in-place result all the same."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dmlshim import api
+
+    shim(device="emulated-dml", guards="off", emulator_gaps="all")
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.masked_fill_.Scalar:
+                self.returned_self = out is args[0]
+            return out
+
+    mask = torch.tensor([True, False, True], device="cuda")
+    x = torch.zeros(3, device="cuda")
+    x.masked_fill_(mask, 1.0)
+    assert x.cpu().tolist() == [1.0, 0.0, 1.0]  # no mode: in place
+    mode = PassThrough()
+    with mode:
+        y = torch.zeros(3, device="cuda")
+        y.masked_fill_(mask, 1.0)
+        z = torch.zeros(3, device="cuda").masked_fill(mask, 2.0)
+    assert mode.returned_self is False and y.cpu().tolist() == [0.0, 0.0, 0.0]
+    assert z.cpu().tolist() == [2.0, 0.0, 2.0]  # out of place: right
+    results = api.session().patch("check").results
+    from dmlshim.check.shadow import ShadowMode
+
+    with ShadowMode("privateuseone", results):
+        w = torch.zeros(3, device="cuda")
+        w.masked_fill_(mask, 1.0)
+    assert w.cpu().tolist() == [1.0, 0.0, 1.0] and not results.first
