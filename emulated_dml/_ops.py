@@ -16,6 +16,8 @@ can be tested against them:
   ``reduction="none"`` uses ``grad_output[0]`` for every row: right for a uniform upstream
   gradient, all zero when ``grad_output[0] == 0``.
 * ``masked-fill-uint8`` (#702): ``masked_fill`` accepts a uint8 mask (the CPU raises).
+* ``masked-fill-mode``: under a TorchDispatchMode, ``masked_fill_`` (Scalar and Tensor) returns
+  a new tensor and leaves ``self`` as it was (see ``_under_dispatch_mode``).
 * ``reflect-pad``: ``F.pad(mode="reflect")`` on 2-D planes swaps the padding of height and width.
 * ``channels-last``: ``.to(memory_format=torch.channels_last)`` (and ``_3d``) is refused.
 * ``layer-norm-nobias``: the layer-norm backward without a bias fails (see ``_layer_norm_bwd``).
@@ -25,7 +27,10 @@ can be tested against them:
 
 from __future__ import annotations
 
+import sys
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from emulated_dml import _fallback, _lstm
 from emulated_dml._state import check_index, state
@@ -168,10 +173,26 @@ def _eye_gap(func, plan, args, kwargs):
 
 def _masked_fill_gap(func, plan, args, kwargs):
     mask = args[1]
-    if getattr(mask, "dtype", None) is torch.uint8:  # accepted, as a bool mask (#702)
+    if state.masked_fill_uint8 and getattr(mask, "dtype", None) is torch.uint8:
+        # accepted, as a bool mask (#702)
         args = (args[0], wrap(mask._elem.bool(), mask._index) if type(mask) is EmuTensor
                 else mask.bool()) + tuple(args[2:])
+    if state.masked_fill_mode and _under_dispatch_mode():
+        cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+        return wrap(cargs[0].masked_fill(*cargs[1:], **ckwargs), index)  # self stays as it was
     return run_on_cpu(func, plan, args, kwargs)
+
+
+def _under_dispatch_mode() -> bool:
+    """Whether Python code running under a TorchDispatchMode called this op: the innermost
+    ``__torch_dispatch__`` frame above is a mode's (its handler, where the mode is popped while
+    it runs), not a device tensor's (an op a device kernel, e.g. a composite, calls itself)."""
+    frame = sys._getframe(3)  # above this, _masked_fill_gap and EmuTensor.__torch_dispatch__
+    while frame is not None:
+        if frame.f_code.co_name == "__torch_dispatch__":
+            return isinstance(frame.f_locals.get("self"), TorchDispatchMode)
+        frame = frame.f_back
+    return False
 
 
 def _reflect_pad_gap(func, plan, args, kwargs):
@@ -342,8 +363,8 @@ BUGS.update({
     "aten::mul.out": ("mul_bool", _mul_bool_gap),
     "aten::eye.out": ("eye", _eye_gap),
     "aten::eye.m_out": ("eye", _eye_gap),
-    "aten::masked_fill_.Scalar": ("masked_fill_uint8", _masked_fill_gap),
-    "aten::masked_fill_.Tensor": ("masked_fill_uint8", _masked_fill_gap),
+    "aten::masked_fill_.Scalar": ("masked_fill_any", _masked_fill_gap),
+    "aten::masked_fill_.Tensor": ("masked_fill_any", _masked_fill_gap),
     "aten::reflection_pad2d": ("reflect_pad", _reflect_pad_gap),
     "aten::reflection_pad2d.out": ("reflect_pad", _reflect_pad_gap),
     "aten::reflection_pad2d_backward": ("reflect_pad", _reflect_pad_backward_gap),

@@ -17,7 +17,8 @@ import torch
 GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye", "mul-bool",
         "nll-none-backward", "masked-fill-uint8", "reflect-pad", "channels-last",
         "layer-norm-nobias", "storage", "inference-mode", "bfloat16", "maxpool-flat-indices",
-        "out-resize", "resize", "unique-counts", "scatter-partial")
+        "out-resize", "resize", "unique-counts", "scatter-partial",
+        "masked-fill-mode")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -51,6 +52,11 @@ class _State:
     mul_bool: bool = True
     nll_none_backward: bool = True
     masked_fill_uint8: bool = True
+    masked_fill_mode: bool = True
+
+    @property
+    def masked_fill_any(self) -> bool:  # one handler models both masked_fill_ gaps
+        return self.masked_fill_uint8 or self.masked_fill_mode
     reflect_pad: bool = True
     channels_last: bool = True
     layer_norm_nobias: bool = True

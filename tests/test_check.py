@@ -118,9 +118,10 @@ def gap_script(tmp_path: Path) -> Tuple[Path, Dict[str, int]]:
     return path, where
 
 
-def check_run(script, tmp_path: Path, *args: str, device: str = "cpu", **options):
+def check_run(script, tmp_path: Path, *args: str, device: str = "cpu", env=None, **options):
     report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
-    proc = run_shim(script, *args, device=device, options={"report": str(report), **options})
+    proc = run_shim(script, *args, device=device, options={"report": str(report), **options},
+                    env=env, cwd=tmp_path)
     assert proc.returncode == 0, describe(proc)
     data = json.loads(report.read_text(encoding="utf-8"))
     assert_valid_report(data)
@@ -189,16 +190,73 @@ def test_no_false_positives_on_the_cpu(tmp_path, script, args, device):
     assert "DMLSHIM_CHECK" not in proc.stderr, describe(proc)
 
 
-def test_a_detached_branch_is_named_at_the_first_step(tmp_path):
+def test_a_detached_branch_is_named(tmp_path):
     proc, report = check_run("check_detached", tmp_path)  # check off: gradient sanity is always on
     problems = report["check"]["gradients"]["problems"]
-    assert problems == [{"optimizer": "Adam", "no_gradient": {"count": 4, "where": ["model.branch"]},
+    assert problems == [{"optimizer": "Adam", "steps": 3,
+                         "no_gradient": {"count": 4, "where": ["model.branch"]},
                          "zero_gradient": {"count": 0, "where": []}}], problems
     assert report["check"]["steps_requested"] == 0 and report["check"]["ops_compared"] == 0
     line = next(x for x in proc.stderr.splitlines() if x.startswith("dmlshim:   needs attention:"))
-    assert "4 parameters of `model.branch` received no gradient at the first step" in line
+    assert ("4 parameters of `model.branch` received no gradient in each of the first 3 steps "
+            "of Adam") in line
     assert "DMLSHIM_CHECK=1" in line
     assert "model.frozen" not in proc.stderr and "model.unused" not in proc.stderr
+
+
+def printed_names(stdout: str, key: str) -> List[str]:
+    return [line.split()[1] for line in stdout.splitlines() if line.startswith(key + " ")]
+
+
+def flagged(report, params: List[str]) -> List[str]:
+    """The parameters the gradient alarm names (a module named stands for its parameters)."""
+    out: List[str] = []
+    for problem in report["check"]["gradients"]["problems"]:
+        units = problem["no_gradient"]["where"] + problem["zero_gradient"]["where"]
+        names = [p for p in params if any(p == u or p.startswith(u + ".") for u in units)]
+        assert len(names) == problem["no_gradient"]["count"] + problem["zero_gradient"]["count"]
+        out += names
+    return sorted(out)
+
+
+# (script, native args, shimmed args): each script prints the parameters its optimizer steps
+# ("param") and those the run left unchanged ("unchanged"). The alarm must name exactly the
+# parameters a native CPU run leaves unchanged.
+GRADIENT_CASES = [
+    # optimizer.step(closure): the backward runs inside step(): no alarm...
+    ("check_lightning", ("--accelerator", "cpu"), ()),
+    # ... and a detached branch is still named
+    ("check_lightning", ("--accelerator", "cpu", "--detach"), ("--detach",)),
+    # zero_init_residual: all-zero gradients at the first step only: no alarm over 3 steps...
+    ("check_resnet", ("--device", "cpu"), ()),
+    ("check_resnet", ("--device", "cpu", "--optimizer", "adam", "--steps", "2"),
+     ("--optimizer", "adam", "--steps", "2")),
+    # ... while a run of one step really leaves the zero-initialised blocks as they were
+    ("check_resnet", ("--device", "cpu", "--steps", "1"), ("--steps", "1")),
+    ("check_detached", (), ()),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("emulated-dml", marks=pytest.mark.emulator)])
+@pytest.mark.parametrize("script, native_args, args", GRADIENT_CASES,
+                         ids=[f"{c[0]}{'-'.join(('',) + c[2])}" for c in GRADIENT_CASES])
+def test_the_gradient_alarm_names_what_a_native_run_leaves_unchanged(tmp_path, script,
+                                                                      native_args, args, device):
+    if script == "check_lightning":
+        pytest.importorskip("lightning")
+    native = run_native(script, *native_args, env={"OMP_NUM_THREADS": "1"})
+    assert native.returncode == 0, describe(native)
+    proc, report = check_run(script, tmp_path, *args, device=device,
+                             env={"OMP_NUM_THREADS": "1"})
+    params = printed_names(proc.stdout, "param")
+    assert params and params == printed_names(native.stdout, "param")
+    unchanged = sorted(printed_names(native.stdout, "unchanged"))
+    assert flagged(report, params) == unchanged, describe(proc)
+    assert report["check"]["gradients"]["optimizers_checked"] == 1
+    said = any("gradient in" in line for line in report["attention"])
+    assert said == bool(unchanged), report["attention"]
+    if device == "cpu":  # the alarm is only looking: the run is the native one
+        assert losses(proc.stdout) == losses(native.stdout)
 
 
 @pytest.mark.parametrize("check", ["off", "1"])
@@ -291,3 +349,104 @@ def test_children_run_without_the_check(shim, monkeypatch):
 
     dmlshim.uninstall()
     assert os.environ["DMLSHIM_CHECK"] == "3"
+
+
+# The check on the emulator with every gap of the wheel on (max-pool indices flattened over
+# the tensor, masked_fill_ under a dispatch mode returning a new tensor, ...): no crash, the
+# losses of the run without the check, guards on and off; and no divergence where the device
+# is right (with guards on, every gap these models hit is fixed or right).
+CHECKED_MODELS = [("check_resnet", ("--steps", "2")), ("check_gpt", ("--attn", "masked_fill_")),
+                  ("check_gpt", ("--attn", "masked_fill"))]
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("guards", ["off", "on"])
+@pytest.mark.parametrize("script, args", CHECKED_MODELS, ids=["-".join((c[0],) + c[1][-1:])
+                                                              for c in CHECKED_MODELS])
+def test_the_check_changes_nothing_on_the_strict_emulator(tmp_path, script, args, guards):
+    env = {"OMP_NUM_THREADS": "1"}
+    plain = run_shim(script, *args, device="emulated-dml", env=env,
+                     options={"guards": guards, "emulator_gaps": "all"})
+    assert plain.returncode == 0, describe(plain)
+    proc, report = check_run(script, tmp_path, *args, device="emulated-dml", env=env, check=2,
+                             guards=guards, emulator_gaps="all")
+    assert losses(proc.stdout) == losses(plain.stdout) and losses(proc.stdout), describe(proc)
+    check = report["check"]
+    assert check["steps_shadowed"] == 2 and check["ops_compared"] > 100, check
+    assert check["divergences"] == [], check["divergences"]
+
+
+def test_outputs_nobody_reads_are_not_compared():
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from dmlshim.check.results import Results
+    from dmlshim.check.shadow import ShadowMode
+
+    aten = torch.ops.aten
+    results = Results()
+    mode = ShadowMode("cpu", results)
+
+    class Lying(type(mode)):
+        """Hands the comparison what the wheel returns for outputs nobody reads."""
+
+        def _run(self, func, info, args, kwargs):
+            out = super()._run(func, info, args, kwargs)
+            if func is aten.nll_loss_forward.default:
+                return out[0], torch.tensor(31.0)  # not what the CPU has (0, or 32)
+            if func is aten.convolution_backward.default:
+                return tuple(torch.zeros(1) if o is None else o for o in out)
+            return out
+
+    mode = Lying("cpu", results)
+    logits, target = torch.randn(32, 5), torch.randint(0, 5, (32,))
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    grad = torch.randn(1, 3, 3, 3)
+    with mode:
+        aten.nll_loss_forward(logits, target, None, 0, -100)  # reduction none
+        aten.convolution_backward(grad, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                  [True, False, False])
+    assert _get_current_dispatch_mode() is None
+    assert results.ops_compared == 2 and not results.first, results.first
+    with mode:  # what the caller reads is still compared
+        aten.nll_loss_forward(logits, target, None, 1, -100)  # mean: total_weight is read
+    assert list(results.first) == ["aten::nll_loss_forward"]
+    assert results.first["aten::nll_loss_forward"].result == "output 1"
+
+
+@pytest.mark.emulator
+def test_the_masked_fill_mode_gap_is_the_wheels(shim):
+    """The emulator's masked-fill-mode gap does what the facts file says the wheel does, and
+    the shadow gives the script the in-place result all the same."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dmlshim import api
+
+    shim(device="emulated-dml", guards="off", emulator_gaps="all")
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.masked_fill_.Scalar:
+                self.returned_self = out is args[0]
+            return out
+
+    mask = torch.tensor([True, False, True], device="cuda")
+    x = torch.zeros(3, device="cuda")
+    x.masked_fill_(mask, 1.0)
+    assert x.cpu().tolist() == [1.0, 0.0, 1.0]  # no mode: in place
+    mode = PassThrough()
+    with mode:
+        y = torch.zeros(3, device="cuda")
+        y.masked_fill_(mask, 1.0)
+        z = torch.zeros(3, device="cuda").masked_fill(mask, 2.0)
+    assert mode.returned_self is False and y.cpu().tolist() == [0.0, 0.0, 0.0]
+    assert z.cpu().tolist() == [2.0, 0.0, 2.0]  # out of place: right
+    results = api.session().patch("check").results
+    from dmlshim.check.shadow import ShadowMode
+
+    with ShadowMode("privateuseone", results):
+        w = torch.zeros(3, device="cuda")
+        w.masked_fill_(mask, 1.0)
+    assert w.cpu().tolist() == [1.0, 0.0, 1.0] and not results.first

@@ -1,9 +1,21 @@
-"""Gradient sanity at each optimizer's first step: parameters it holds that got no gradient.
+"""Gradient sanity over each optimizer's first steps: parameters it holds that never got one.
 
 A parameter an optimizer steps, that requires grad, whose ``.grad`` is None (or all zeros) at
-the optimizer's first ``step()`` will not train: a ``.detach()`` by mistake, a branch the loss
-never uses, or a DirectML op that returned zero gradients (microsoft/DirectML#404, #739).
-Frozen parameters (``requires_grad=False``) and parameters no optimizer holds are not looked at.
+the end of every one of the optimizer's first :data:`WINDOW` steps did not train in them: a
+``.detach()`` by mistake, a branch the loss never uses, or a DirectML op that returned zero
+gradients (microsoft/DirectML#404, #739). Frozen parameters (``requires_grad=False``) and
+parameters no optimizer holds are not looked at.
+
+Judged at the *end* of each step (after the optimizer's own ``step()`` ran, so after the
+backward a closure runs inside it: Lightning's ``optimizer.step(closure)``), and over several
+steps, never the first alone: a zero-initialised last BatchNorm of each residual block
+(torchvision's ``zero_init_residual``, timm's ResNets), LoRA's zero B matrix or ControlNet's
+zero convolutions give the layers before them an all-zero gradient at the first step only.
+Without weight decay, the parameters named are exactly those the steps leave unchanged (Adam,
+SGD and their kin do not move a parameter whose gradients were all zero or None).
+
+Cost: one pass over the parameters at the end of the first step (a parameter with a nonzero
+gradient is cleared and never looked at again); later steps look only at those not yet cleared.
 
 Names come from the modules that own the parameters, found where the script holds them: the
 local and global variables of the frames that called ``optimizer.step()`` (``model.head``),
@@ -22,32 +34,53 @@ import torch
 from dmlshim import events
 from dmlshim.check.results import GradientVerdict
 
+# Steps of each optimizer over which a parameter must get a nonzero gradient once. Two steps
+# clear a zero-initialised residual branch; three leave room for a second zero layer behind it.
+WINDOW = 3
 
-def inspect_optimizer(optimizer: Any, frame: Optional[Any]) -> Optional[GradientVerdict]:
-    """The verdict for ``optimizer`` now (None when every parameter it steps has a gradient)."""
-    held: Dict[int, torch.Tensor] = {}
-    none: Set[int] = set()
-    zero: Set[int] = set()
-    for group in optimizer.param_groups:
-        for p in group.get("params", ()):
-            if not isinstance(p, torch.Tensor) or not p.requires_grad or id(p) in held:
-                continue
-            held[id(p)] = p
-            g = p.grad
+
+class Watch:
+    """One optimizer's first steps: which parameters have not had a nonzero gradient yet."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer_name = type(optimizer).__name__
+        self.steps = 0
+        self.held: Dict[int, torch.Tensor] = {}  # optimizer-held parameters requiring grad
+        for group in optimizer.param_groups:
+            for p in group.get("params", ()):
+                if isinstance(p, torch.Tensor) and p.requires_grad:
+                    self.held.setdefault(id(p), p)
+        self.suspects: Set[int] = set(self.held)  # no nonzero gradient at any step end yet
+        self.never: Set[int] = set(self.held)  # .grad None at every step end so far
+        self.verdict: Optional[GradientVerdict] = None  # as of the last step with suspects
+
+    @property
+    def done(self) -> bool:
+        return not self.suspects or self.steps >= WINDOW
+
+    def after_step(self, frame: Optional[Any]) -> None:
+        """The end of one step of the optimizer: clear every suspect that has a gradient."""
+        self.steps += 1
+        for i in list(self.suspects):
+            g = self.held[i].grad
             if g is None:
-                none.add(id(p))
-            elif g.layout is torch.strided and g.numel() and not bool(g.detach().ne(0).any()):
-                zero.add(id(p))
-    if not none and not zero:
-        return None
-    roots = _frame_roots(frame)
-    covered = {id(p) for _, m in roots for p in m.parameters()}
-    if not (none | zero) <= covered:
-        roots += _live_roots({id(m) for _, m in roots})
-    verdict = GradientVerdict(type(optimizer).__name__)
-    verdict.none, verdict.none_count = _units(none, held, roots), len(none)
-    verdict.zero, verdict.zero_count = _units(zero, held, roots), len(zero)
-    return verdict
+                continue
+            self.never.discard(i)
+            if g.layout is not torch.strided or not g.numel() or bool(g.detach().ne(0).any()):
+                self.suspects.discard(i)
+        self.verdict = self._verdict(frame) if self.suspects else None
+
+    def _verdict(self, frame: Optional[Any]) -> GradientVerdict:
+        none = self.suspects & self.never
+        zero = self.suspects - none
+        roots = _frame_roots(frame)
+        covered = {id(p) for _, m in roots for p in m.parameters()}
+        if not self.suspects <= covered:
+            roots += _live_roots({id(m) for _, m in roots})
+        verdict = GradientVerdict(self.optimizer_name, steps=self.steps)
+        verdict.none, verdict.none_count = _units(none, self.held, roots), len(none)
+        verdict.zero, verdict.zero_count = _units(zero, self.held, roots), len(zero)
+        return verdict
 
 
 def _frame_roots(frame: Optional[Any]) -> List[Tuple[str, torch.nn.Module]]:

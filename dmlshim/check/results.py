@@ -63,16 +63,19 @@ def _json_float(x: Optional[float]) -> Optional[float]:
 
 @dataclass
 class GradientVerdict:
-    """Optimizer-held parameters that got no (or an all-zero) gradient at their first step."""
+    """Optimizer-held parameters that got no (or an all-zero) gradient in the optimizer's first
+    ``steps`` steps (see :mod:`dmlshim.check.grads`)."""
 
     optimizer: str  # class name
+    steps: int = 1  # the optimizer's steps judged (grads.WINDOW, fewer if the script stopped)
     none: List[str] = field(default_factory=list)  # unit names (modules or parameters)
     zero: List[str] = field(default_factory=list)
     none_count: int = 0
     zero_count: int = 0
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"optimizer": self.optimizer, "no_gradient": {"count": self.none_count,
+        return {"optimizer": self.optimizer, "steps": self.steps,
+                "no_gradient": {"count": self.none_count,
                                                             "where": self.none},
                 "zero_gradient": {"count": self.zero_count, "where": self.zero}}
 
@@ -140,12 +143,13 @@ def _gradient_lines(v: GradientVerdict, checking: bool = False) -> List[str]:
              "listed)" if checking else
              ", or run with DMLSHIM_CHECK=1 to compare the first step with the CPU")
     out = []
+    steps = "the first step" if v.steps == 1 else f"each of the first {v.steps} steps"
     if v.none:
-        out.append(f"{_params(v.none_count)} of {_units(v.none)} received no gradient at the "
-                   f"first step of {v.optimizer} (.grad is None), so they do not train" + hint)
+        out.append(f"{_params(v.none_count)} of {_units(v.none)} received no gradient in "
+                   f"{steps} of {v.optimizer} (.grad is None), so they do not train" + hint)
     if v.zero:
-        out.append(f"{_params(v.zero_count)} of {_units(v.zero)} had an all-zero gradient at "
-                   f"the first step of {v.optimizer}" + hint)
+        out.append(f"{_params(v.zero_count)} of {_units(v.zero)} had an all-zero gradient in "
+                   f"{steps} of {v.optimizer}, so the loss did not move them" + hint)
     return out
 
 

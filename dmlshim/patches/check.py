@@ -2,10 +2,12 @@
 
 Installs, on every target that is not inert:
 
-* gradient sanity (always): a global optimizer step pre-hook looks at each optimizer's
-  parameters at its first ``step()`` (:mod:`dmlshim.check.grads`) and removes itself as soon as
-  an optimizer steps a second time (the loop has come round: every optimizer has had its first
-  step), so from then on nothing of it runs;
+* gradient sanity (always): a global optimizer step pre-hook opens a watch on each optimizer
+  at its first ``step()``; at the end of each of its first steps (after the closure a step may
+  run) the parameters that have had a nonzero gradient are cleared, and those left after
+  ``grads.WINDOW`` steps are reported (:mod:`dmlshim.check.grads`). The hook removes itself
+  once an optimizer steps again (the loop has come round: every optimizer has had its first
+  step) and every watch is closed, so from then on nothing of it runs;
 * with ``DMLSHIM_CHECK=N``: the shadow (:class:`dmlshim.check.shadow.ShadowMode`, a
   TorchDispatchMode entered now, at install) plus torch's anomaly mode (so backward ops know the
   forward line that created them); the same pre-hook counts steps. At the end of the N-th
@@ -27,7 +29,7 @@ import logging
 import os
 import sys
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -56,8 +58,11 @@ class CheckPatch(Patch):
         results.steps_requested = steps_requested(config.check)
         self._mode: Optional[ShadowMode] = None
         self._anomaly: Tuple[bool, bool] = (False, True)
-        self._grads_pending = True  # until an optimizer steps a second time
+        self._came_round = False  # an optimizer stepped again: no new optimizers to watch
         self._grad_seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        # id(optimizer) -> (a weak reference to it, its open gradient watch); a plain dict, so
+        # that a watch whose optimizer died with the script's frame is still reported at exit
+        self._watches: Dict[int, Tuple[Any, grads.Watch]] = {}
         self._hook: Any = register_optimizer_step_pre_hook(self._before_step)
         self.on_undo(self._remove_hook)
         if results.steps_requested:
@@ -84,28 +89,34 @@ class CheckPatch(Patch):
 
     def report_section(self) -> Tuple[Any, List[str]]:
         """The report's ``check`` section and its "needs attention" lines (diagnostics asks)."""
+        self._close_watches()  # the script stopped inside a window: judge the steps it took
         return self.results.section(), self.results.attention_lines()
 
     # -- around each optimizer step, while there is something to do ----------------------------
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        """The global step pre-hook: gradient sanity, and the shadow's step boundary."""
-        if self._grads_pending:
+        """The global step pre-hook: open gradient watches, and the shadow's step boundary."""
+        if not self._came_round:
             if optimizer in self._grad_seen:
-                self._grads_pending = False  # every optimizer of the loop has had its first step
+                self._came_round = True  # every optimizer of the loop has had its first step
             else:
                 self._grad_seen.add(optimizer)
-                self._check_gradients(optimizer)
+                self._watches[id(optimizer)] = (weakref.ref(optimizer), grads.Watch(optimizer))
+                self.results.gradients_checked += 1
         if self._mode is not None:
             self._mode.in_optimizer = True
-        # The end of the step: torch calls optimizer._optimizer_step_code() after the step and
-        # before the post-hooks, outside any loop over the hook dicts (a hook cannot remove
-        # itself while torch iterates them). An instance attribute, deleted when called.
+        # The end of the step: torch calls optimizer._optimizer_step_code() after the step (and
+        # the closure it ran) and before the post-hooks, outside any loop over the hook dicts (a
+        # hook cannot remove itself while torch iterates them). An instance attribute, deleted
+        # when called.
         optimizer._optimizer_step_code = functools.partial(self._after_step, optimizer)
 
     def _after_step(self, optimizer) -> None:
         optimizer.__dict__.pop("_optimizer_step_code", None)
         type(optimizer)._optimizer_step_code(optimizer)  # the profiler's entry point, as before
+        entry = self._watches.get(id(optimizer))
+        if entry is not None and entry[0]() is optimizer:
+            self._judge(optimizer, entry[1], sys._getframe(1))
         mode = self._mode
         if mode is not None:
             mode.in_optimizer = False
@@ -114,24 +125,36 @@ class CheckPatch(Patch):
                 self._stop()
             else:
                 mode.step += 1
-        if self._mode is None and not self._grads_pending:
+        if self._mode is None and self._came_round and not self._watches:
             self._remove_hook()  # nothing of the check runs from here on
 
-    def _check_gradients(self, optimizer) -> None:
-        self.results.gradients_checked += 1
+    def _judge(self, optimizer, watch: grads.Watch, frame) -> None:
+        """The end of one of ``optimizer``'s first steps: clear the parameters that got a
+        gradient; once the window is over (or none is left), report what is left."""
         mode = self._mode
         if mode is not None:
             mode.paused = True  # our own reads of .grad are not the script's ops
         try:
-            verdict = grads.inspect_optimizer(optimizer, sys._getframe(2))
+            watch.after_step(frame)
         except Exception:  # never break the script's step
             log.debug("check: gradient sanity failed", exc_info=True)
-            verdict = None
+            watch.suspects.clear()
+            watch.verdict = None
         finally:
             if mode is not None:
                 mode.paused = False
-        if verdict is not None:
-            self.results.gradient_verdict(verdict)
+        if watch.done:
+            self._close(id(optimizer))
+
+    def _close(self, key: int) -> None:
+        _, watch = self._watches.pop(key)
+        watch.held.clear()  # the watch keeps no parameter alive
+        if watch.verdict is not None:
+            self.results.gradient_verdict(watch.verdict)
+
+    def _close_watches(self) -> None:
+        for key in list(self._watches):
+            self._close(key)
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
@@ -171,5 +194,6 @@ class CheckPatch(Patch):
         if self._mode is not None:
             self._mode.paused = True
         requested = self.results.steps_requested
+        self._watches.clear()
         self.results.reset()
         self.results.steps_requested = requested

@@ -1,7 +1,8 @@
 """A training script with a planted bug: one branch is detached by mistake, so its parameters
 never get a gradient (and a frozen embedding and an unused layer that must not be reported).
 
-Prints ``loss <epoch> <step> <hex>`` like the other corpus scripts.
+Prints ``loss <epoch> <step> <hex>`` like the other corpus scripts, then ``param <name>`` for
+each parameter the optimizer steps and ``unchanged <name>`` for those the run left as they were.
 """
 
 import torch
@@ -31,6 +32,7 @@ def main():
     model = TwoBranch().to(device)
     params = [p for n, p in model.named_parameters() if not n.startswith("unused.")]
     optimizer = torch.optim.Adam(params, lr=1e-2)
+    initial = {n: p.detach().cpu().clone() for n, p in model.named_parameters(prefix="model")}
     x = torch.randn(64, 16, device=device)
     y = torch.randint(0, 4, (64,), device=device)
     for step in range(4):
@@ -39,6 +41,12 @@ def main():
         loss.backward()
         optimizer.step()
         print(f"loss 1 {step} {loss.item().hex()}")
+    held = {id(p) for p in params if p.requires_grad}
+    for name, p in model.named_parameters(prefix="model"):
+        if id(p) in held:
+            print("param", name)
+            if torch.equal(p.detach().cpu(), initial[name]):
+                print("unchanged", name)
 
 
 if __name__ == "__main__":
