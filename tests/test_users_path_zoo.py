@@ -51,9 +51,9 @@ def test_zoo_model_trains_in_fp32_on_the_adapter(model, tmp_path):
     assert rep["cpu_fallbacks"]["total"] == 0, rep["cpu_fallbacks"]
     got = losses(proc.stdout)
     assert len(got) == STEPS and all(math.isfinite(v) for v in got), describe(proc)
-    assert not gradient_alarms(proc.stderr), describe(proc)
     native = run_native(ZOO, "--model", model, "--steps", str(STEPS),
                         env={"OMP_NUM_THREADS": "1"}, timeout=TIMEOUT)
     assert native.returncode == 0, describe(native)
     expected = losses(native.stdout)
     assert got == pytest.approx(expected, rel=REL), first_difference(got, expected)
+    assert not gradient_alarms(proc.stderr), describe(proc)  # every parameter trains natively
