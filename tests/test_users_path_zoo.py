@@ -43,11 +43,11 @@ def test_zoo_model_trains_in_fp32_on_the_adapter(model, tmp_path):
                     timeout=TIMEOUT)
     assert proc.returncode == 0, describe(proc)
     assert "device cuda" in proc.stdout, describe(proc)  # the script took its CUDA branch
+    rep = json.loads(report.read_text(encoding="utf-8"))
+    assert rep["target"]["kind"] == "dml", describe(proc)  # auto found the wheel's adapter
+    assert rep["target"]["names"] == [ADAPTER_0], rep["target"]
     assert "scaler_enabled 0" in proc.stdout, describe(proc)  # float32: a disabled scaler
     assert "warmup_fallbacks {}" in proc.stdout, describe(proc)  # the first step's, exact
-    rep = json.loads(report.read_text(encoding="utf-8"))
-    assert rep["target"]["kind"] == "dml", rep["target"]  # auto found the wheel's adapter
-    assert rep["target"]["names"] == [ADAPTER_0], rep["target"]
     assert rep["cpu_fallbacks"]["total"] == 0, rep["cpu_fallbacks"]
     got = losses(proc.stdout)
     assert len(got) == STEPS and all(math.isfinite(v) for v in got), describe(proc)
