@@ -24,6 +24,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"
 DEFAULT_TIMEOUT = 300.0
+WSL_HARNESS = REPO / "emulated_dml" / "wsl.py"
+# what dmlshim's no-gradient alarm prints (dmlshim/check/results.py): a run whose parameters all
+# train natively must not print them
+GRADIENT_ALARMS = ("received no gradient", "all-zero gradient")
 
 PathLike = Union[str, os.PathLike]
 
@@ -97,8 +101,23 @@ def neutral_cwd() -> str:
     return tempfile.mkdtemp(prefix="dmlshim-cwd-")
 
 
+def on_users_path(cmd: Sequence[str], adapters: int = 1, memory_mib: int = 0) -> List[str]:
+    """``cmd`` run the way a user with DirectML adapters runs it: inside the WSL harness
+    (``python emulated_dml/wsl.py``: ``/dev/dxg``, WSL's libraries in the loader cache, the
+    stand-in ``torch_directml`` as the wheel), where ``auto`` finds the wheel and the adapter."""
+    return [sys.executable, str(WSL_HARNESS), "--adapters", str(adapters),
+            "--memory", str(memory_mib), "--", *map(str, cmd)]
+
+
+def gradient_alarms(stderr: str) -> List[str]:
+    """The no-gradient alarm's lines in ``stderr``."""
+    return [line for line in stderr.splitlines() if any(a in line for a in GRADIENT_ALARMS)]
+
+
 def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
-         timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+         timeout: float, wsl: int = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
+    if wsl:
+        cmd = on_users_path(cmd, adapters=wsl)
     return subprocess.run(
         list(cmd), env=dict(env), cwd=str(cwd) if cwd is not None else neutral_cwd(),
         capture_output=True, text=True, timeout=timeout, check=False, **kw,
@@ -128,14 +147,15 @@ def run_native(script: PathLike, *args: str, env: Optional[Mapping[str, str]] = 
 def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: str = "runner",
              options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
              cwd: Optional[PathLike] = None, timeout: float = DEFAULT_TIMEOUT,
-             **kw: Any) -> subprocess.CompletedProcess[str]:
+             wsl: int = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``script`` under dmlshim.
 
     ``via="runner"``: ``python -m dmlshim script args``. ``via="import"``: a copy of the script,
     in a temporary directory, with ``import dmlshim`` as its first statement. Options travel in
     the environment: ``device`` -> ``DMLSHIM_DEVICE`` (``None``: leave unset, i.e. auto) and
     each ``options`` entry -> ``DMLSHIM_<NAME>``; ``env`` adds more variables. Other keyword
-    arguments go to :func:`subprocess.run`.
+    arguments go to :func:`subprocess.run`. ``wsl=N``: inside the WSL harness with N adapters
+    (:func:`on_users_path`; with ``device=None`` that is the users' path).
     """
     path = script_path(script)
     str_args = [str(a) for a in args]
@@ -146,7 +166,7 @@ def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: s
     extra.update(env or {})
     if via == "runner":
         return _run([sys.executable, "-m", "dmlshim", str(path), *str_args], clean_env(**extra),
-                    cwd, timeout, **kw)
+                    cwd, timeout, wsl=wsl, **kw)
     if via == "import":
         with tempfile.TemporaryDirectory(prefix="dmlshim-import-") as tmp:
             copy = Path(tmp) / path.name
@@ -154,7 +174,8 @@ def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: s
             # The original directory stays importable, as it would be for the script itself.
             env_ = clean_env(**extra)
             env_["PYTHONPATH"] = env_["PYTHONPATH"] + os.pathsep + str(path.parent)
-            return _run([sys.executable, str(copy), *str_args], env_, cwd, timeout, **kw)
+            return _run([sys.executable, str(copy), *str_args], env_, cwd, timeout, wsl=wsl,
+                        **kw)
     raise ValueError(f"via must be 'runner' or 'import', not {via!r}")
 
 

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 import pytest
-from helpers import clean_env, describe, first_difference, losses, option_env, run_native, run_shim
+from helpers import (
+    clean_env,
+    describe,
+    first_difference,
+    losses,
+    on_users_path,
+    option_env,
+    run_native,
+    run_shim,
+)
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 420.0  # a framework import plus a few steps, on a loaded 2-core machine
@@ -104,16 +113,33 @@ def shimmed(name: str, *args: str, device: str, cwd: Optional[Path] = None,
                     timeout=TIMEOUT)
 
 
-def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
+def users_path(name: str, *args: str, cwd: Path, adapters: int = 1,
+               options: Optional[Dict[str, object]] = None,
                env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    """``python -m dmlshim script args`` with default options (``auto``) inside the WSL harness
+    with ``adapters`` adapters (helpers.on_users_path): the path a user with DirectML takes."""
+    extra = {**option_env(options), **(env or {})}
+    return run_shim(script(name), *args, device=None, env=fw_env(**extra), cwd=cwd,
+                    timeout=TIMEOUT, wsl=adapters)
+
+
+def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
+               env: Optional[Dict[str, str]] = None,
+               wsl: int = 0) -> subprocess.CompletedProcess[str]:
     """``python -m <module_args>``, natively (``device=None``) or as ``python -m dmlshim -m
-    <module_args>`` (launchers such as ``accelerate launch``, whose ranks inherit the shim)."""
+    <module_args>`` (launchers such as ``accelerate launch``, whose ranks inherit the shim).
+    ``wsl=N``: shimmed with default options inside the WSL harness with N adapters (the users'
+    path; ``device`` is then ignored: ``auto`` decides)."""
     extra = dict(env or {})
     cmd = [sys.executable]
-    if device is not None:
+    if wsl:
+        cmd += ["-m", "dmlshim"]
+    elif device is not None:
         extra["DMLSHIM_DEVICE"] = device
         cmd += ["-m", "dmlshim"]
     cmd += ["-m", *module_args]
+    if wsl:
+        cmd = on_users_path(cmd, adapters=wsl)
     return subprocess.run(cmd, env=clean_env(**fw_env(**extra)), cwd=str(cwd),
                           capture_output=True, text=True, timeout=TIMEOUT, check=False)
 

@@ -1,6 +1,7 @@
 """Hugging Face ``Trainer`` on a tiny GPT-2 or BERT built from a config (no download), written
 for a CUDA machine: ``Trainer`` picks ``cuda`` by itself; ``--fp16`` is ``TrainingArguments(
-fp16=True)``; ``--auto-batch`` is ``auto_find_batch_size=True``; ``--cpu`` is ``use_cpu=True``.
+fp16=True)``, ``--bf16`` its ``bf16=True``; ``--auto-batch`` is ``auto_find_batch_size=True``;
+``--cpu`` is ``use_cpu=True``.
 
 Stdout: ``device <trainer device>``, ``loss 1 <step> <float.hex()>`` per optimizer step (from the
 loss ``compute_loss`` returned), ``batch <size>`` (the batch size the trainer trained with),
@@ -55,6 +56,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["gpt2", "bert"], default="gpt2")
     parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--auto-batch", action="store_true")
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
@@ -77,7 +79,8 @@ def main():
         targs = TrainingArguments(
             output_dir=out, per_device_train_batch_size=args.batch_size,
             per_device_eval_batch_size=4, max_steps=args.steps, learning_rate=1e-3,
-            fp16=args.fp16, use_cpu=args.cpu, auto_find_batch_size=args.auto_batch,
+            fp16=args.fp16, bf16=args.bf16, use_cpu=args.cpu,
+            auto_find_batch_size=args.auto_batch,
             report_to=[], save_strategy="no", logging_strategy="no", eval_strategy="no",
             dataloader_num_workers=0, seed=0, disable_tqdm=True,
         )

@@ -3,7 +3,8 @@
 ``torch.cuda.stream(stream=s)``), ``timm.create_model`` (a ResNet or a ViT, tiny, from scratch),
 ``--amp``: ``torch.autocast("cuda", dtype=torch.float16)`` with timm's ``NativeScaler``, then
 validation under ``torch.inference_mode()`` with ``timm.utils.accuracy`` and ``AverageMeter``.
-``--device cpu`` is the same run told to use the CPU.
+``--no-prefetcher``: the loader yields CPU batches that the loop moves with ``.to(device)``, as
+timm's ``train.py --no-prefetcher`` does. ``--device cpu`` is the same run told to use the CPU.
 
 Stdout: ``device <device>``, ``loss 1 <step> <float.hex()>`` per step, ``eval <loss hex>
 <top1>``.
@@ -53,6 +54,7 @@ def main():
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--amp", action="store_true")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-prefetcher", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -65,8 +67,8 @@ def main():
                     if args.amp else contextlib.nullcontext)
     loss_scaler = NativeScaler(device=device.type) if args.amp else None
 
-    common = dict(input_size=(3, size, size), batch_size=batch, use_prefetcher=True,
-                  num_workers=0, persistent_workers=False, device=device,
+    common = dict(input_size=(3, size, size), batch_size=batch,
+                  use_prefetcher=not args.no_prefetcher, num_workers=0, persistent_workers=False, device=device,
                   interpolation="bilinear", crop_pct=1.0)
     train_loader = create_loader(SyntheticImages(args.steps * batch, size, n_classes, 1),
                                  is_training=True, no_aug=True, **common)
@@ -76,6 +78,8 @@ def main():
 
     model.train()
     for step, (inputs, target) in enumerate(train_loader):
+        if args.no_prefetcher:
+            inputs, target = inputs.to(device), target.to(device)
         with amp_autocast():
             loss = loss_fn(model(inputs), target)
         optimizer.zero_grad()
@@ -92,6 +96,8 @@ def main():
     losses_m, top1_m = AverageMeter(), AverageMeter()
     with torch.inference_mode():
         for inputs, target in val_loader:
+            if args.no_prefetcher:
+                inputs, target = inputs.to(device), target.to(device)
             with amp_autocast():
                 output = model(inputs)
                 loss = loss_fn(output, target)
