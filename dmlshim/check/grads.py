@@ -11,8 +11,9 @@ backward a closure runs inside it: Lightning's ``optimizer.step(closure)``), and
 steps, never the first alone: a zero-initialised last BatchNorm of each residual block
 (torchvision's ``zero_init_residual``, timm's ResNets), LoRA's zero B matrix or ControlNet's
 zero convolutions give the layers before them an all-zero gradient at the first step only.
-Without weight decay, the parameters named are exactly those the steps leave unchanged (Adam,
-SGD and their kin do not move a parameter whose gradients were all zero or None).
+The parameters named are exactly those the steps leave unchanged: Adam, SGD and their kin do
+not move a parameter whose gradient is None, nor one whose gradient is all zero unless its
+group has weight decay (then the decay moves it, and it is not named).
 
 Cost: one pass over the parameters at the end of the first step (a parameter with a nonzero
 gradient is cleared and never looked at again); later steps look only at those not yet cleared.
@@ -46,10 +47,16 @@ class Watch:
         self.optimizer_name = type(optimizer).__name__
         self.steps = 0
         self.held: Dict[int, torch.Tensor] = {}  # optimizer-held parameters requiring grad
+        # parameters whose group decays them: any gradient that is not None moves them (the
+        # step adds the decay to it, or applies it apart), an all-zero one included
+        self.decayed: Set[int] = set()
         for group in optimizer.param_groups:
+            decays = bool(group.get("weight_decay", 0))
             for p in group.get("params", ()):
                 if isinstance(p, torch.Tensor) and p.requires_grad:
                     self.held.setdefault(id(p), p)
+                    if decays:
+                        self.decayed.add(id(p))
         self.suspects: Set[int] = set(self.held)  # no nonzero gradient at any step end yet
         self.never: Set[int] = set(self.held)  # .grad None at every step end so far
         self.verdict: Optional[GradientVerdict] = None  # as of the last step with suspects
@@ -66,7 +73,8 @@ class Watch:
             if g is None:
                 continue
             self.never.discard(i)
-            if g.layout is not torch.strided or not g.numel() or bool(g.detach().ne(0).any()):
+            if i in self.decayed or g.layout is not torch.strided or not g.numel() \
+                    or bool(g.detach().ne(0).any()):
                 self.suspects.discard(i)
         self.verdict = self._verdict(frame) if self.suspects else None
 
