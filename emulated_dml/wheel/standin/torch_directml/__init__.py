@@ -23,8 +23,9 @@ torch.ops.load_library(directml_dll)
 
 import torch_directml_native  # noqa: E402
 
+from . import device as _device  # noqa: E402
 from .device import *  # noqa: E402,F403
-from .device import default_device, device, device_count, is_available  # noqa: E402
+from .device import default_device, device  # noqa: E402
 
 __version__ = "0.2.5.dev240914+emulated"
 
@@ -32,49 +33,15 @@ __version__ = "0.2.5.dev240914+emulated"
 class PrivateUse1Module:
     """The wheel's device module (``torch.privateuseone``), method for method."""
 
-    @staticmethod
-    def is_available() -> bool:
-        if not hasattr(torch_directml_native, "get_device_count"):
-            return False
-        return torch_directml_native.get_device_count() > 0
-
-    @staticmethod
-    def device_count() -> int:
-        if is_available():
-            return torch_directml_native.get_device_count()
-        return 0
-
-    @staticmethod
-    def device_name(device_id) -> str:
-        if device_id >= 0 and device_id < device_count():
-            return torch_directml_native.get_device_name(device_id)
-        return ""
-
-    @staticmethod
-    def default_device() -> int:
-        return torch_directml_native.get_default_device()
-
-    @staticmethod
-    def device(device_id=None):
-        num_devices = device_count()
-        if device_id is None:
-            return torch_directml_native.custom_device(default_device())
-        if device_id >= 0 and device_id < num_devices:
-            return torch_directml_native.custom_device(device_id)
-        raise Exception(f"Invalid device_id argument supplied {device_id}. device_id must be "
-                        f"in range [0, {num_devices}).")
-
-    @staticmethod
-    def disable_tiled_resources(is_disabled):
-        torch_directml_native.disable_tiled_resources(is_disabled)
-
-    @staticmethod
-    def has_float64_support(device_id=default_device()):  # noqa: B008 - as the wheel has it
-        return torch_directml_native.has_float64_support(device_id)
-
-    @staticmethod
-    def gpu_memory(device_id=default_device(), mb_per_tile=1):  # noqa: B008
-        return torch_directml_native.get_gpu_memory(device_id, mb_per_tile)
+    # the same functions as device.py's (the wheel writes them out twice)
+    is_available = staticmethod(_device.is_available)
+    device_count = staticmethod(_device.device_count)
+    device_name = staticmethod(_device.device_name)
+    default_device = staticmethod(_device.default_device)
+    device = staticmethod(_device.device)
+    disable_tiled_resources = staticmethod(_device.disable_tiled_resources)
+    has_float64_support = staticmethod(_device.has_float64_support)
+    gpu_memory = staticmethod(_device.gpu_memory)
 
     @staticmethod
     def is_autocast_enabled():
