@@ -17,7 +17,8 @@ import torch
 # (nll_ignore and bilinear were seen on the software adapter only; their guards are right
 # with and without the bug, so they are on wherever DirectML is.)
 WHEEL_BUGS = ("eye", "mul_bool", "nll_none", "masked_fill_uint8", "reflect_pad",
-              "layer_norm_nobias", "nll_ignore", "bilinear", "unique_counts", "max_pool_indices")
+              "layer_norm_nobias", "nll_ignore", "bilinear", "unique_counts", "max_pool_indices",
+              "logsumexp")
 # Guards right only where the wheel's behaviour is there: on the emulator, only with its gap.
 GAP_GUARDS = {"max_pool_indices": "maxpool-flat-indices"}
 # Reported for older releases, not reproduced by 0.2.5: only the emulator's opt-in switch has it.
@@ -196,9 +197,10 @@ class EmulatedDirectML(Capabilities):
 
     def known_bugs(self) -> Tuple[str, ...]:
         switches = self._switches()
-        return tuple(name for name in WHEEL_BUGS
-                     if name not in GAP_GUARDS or GAP_GUARDS[name] in switches) + tuple(name for name, switch in EMULATOR_ONLY_BUGS.items()
-                               if switch in switches)
+        wheel = tuple(name for name in WHEEL_BUGS
+                      if name not in GAP_GUARDS or GAP_GUARDS[name] in switches)
+        return wheel + tuple(name for name, switch in EMULATOR_ONLY_BUGS.items()
+                             if switch in switches)
 
     def synchronize(self, index: int) -> None:
         import emulated_dml as emulator

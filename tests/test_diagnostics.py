@@ -368,7 +368,8 @@ def test_runner_info_log_summary_and_report(tmp_path):
            "torch.zeros x1" in summary
     assert "    dropped: Tensor.pin_memory x1" in summary
     assert "    unsupported: torch.cuda.graph_pool_handle x1" in summary
-    assert "  CPU fallbacks (calls, from torch-directml's warnings): aten::_foreach_add_.List x1, " \
+    assert "  CPU fallbacks (from torch-directml's warnings, which it gives once per process: run " \
+           "on DMLSHIM_DEVICE=emulated-dml for every op and count): aten::_foreach_add_.List x1, " \
            "aten::lerp.Scalar_out x1" in summary
     assert summary[-1] == f"  report: {report_path}"
     # the fallback warnings themselves still reach the user

@@ -30,8 +30,9 @@ def test_storage_gap_refuses_python_and_cpp_storage_access(shim):
             with pytest.raises(NotImplementedError, match=f"^{MESSAGE}$"):
                 access()
         assert not torch._C._has_storage(t)  # what torch's own checks see, as on the wheel
-    # the data stays reachable through ops: copies, in-place resizes, views
-    z = torch.empty(0, device="cuda:1").resize_(2, 3).fill_(1.0)
+    # the data stays reachable through ops: copies, in-place resizes (of the same element count:
+    # the wheel refuses to grow a device tensor), views
+    z = torch.empty(6, device="cuda:1").resize_(2, 3).fill_(1.0)
     assert z.shape == (2, 3) and z.sum().item() == 6.0
     assert y.cpu().tolist() == [1.0, 2.0, 3.0]
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import warnings
+import weakref
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
@@ -46,7 +47,9 @@ class Watch:
     def __init__(self, optimizer: Any) -> None:
         self.optimizer_name = type(optimizer).__name__
         self.steps = 0
-        self.held: Dict[int, torch.Tensor] = {}  # optimizer-held parameters requiring grad
+        # optimizer-held parameters requiring grad, weakly: a watch whose optimizer is dropped
+        # before its window closes (a step that ran out of memory) keeps no parameter alive
+        self.held: Dict[int, weakref.ref[torch.Tensor]] = {}
         # parameters whose group decays them: any gradient that is not None moves them (the
         # step adds the decay to it, or applies it apart), an all-zero one included
         self.decayed: Set[int] = set()
@@ -54,7 +57,7 @@ class Watch:
             decays = bool(group.get("weight_decay", 0))
             for p in group.get("params", ()):
                 if isinstance(p, torch.Tensor) and p.requires_grad:
-                    self.held.setdefault(id(p), p)
+                    self.held.setdefault(id(p), weakref.ref(p))
                     if decays:
                         self.decayed.add(id(p))
         self.suspects: Set[int] = set(self.held)  # no nonzero gradient at any step end yet
@@ -69,7 +72,11 @@ class Watch:
         """The end of one step of the optimizer: clear every suspect that has a gradient."""
         self.steps += 1
         for i in list(self.suspects):
-            g = self.held[i].grad
+            p = self.held[i]()
+            if p is None:  # the parameter is gone: nothing left to report
+                self.suspects.discard(i)
+                continue
+            g = p.grad
             if g is None:
                 continue
             self.never.discard(i)

@@ -45,9 +45,11 @@ _SUBMODULE_FACTORIES = (
 # torch modules whose per-step code calls torch factories with tensors' devices (never a
 # script's): they see torch's originals (module global ``torch`` -> :func:`truth_namespace`).
 # Not the ones that take a device from their caller (GradScaler(device=), swa_utils).
-TORCH_INTERNALS = ("torch.autograd",) + tuple("torch.optim." + m for m in (
+# (those of this torch that use the global `torch`: adamw on torch 2.14, lr_scheduler do not)
+TORCH_INTERNALS = tuple(name for name in ("torch.autograd",) + tuple("torch.optim." + m for m in (
     "optimizer", "adam", "adamw", "sgd", "adagrad", "adadelta", "adamax", "asgd", "nadam",
     "radam", "rmsprop", "rprop", "sparse_adam", "lr_scheduler"))
+    if vars(importlib.import_module(name)).get("torch") is torch)
 TENSOR_NEW_METHODS = ("new", "new_tensor", "new_zeros", "new_ones", "new_empty", "new_full",
                       "new_empty_strided")
 

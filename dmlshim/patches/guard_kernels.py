@@ -65,14 +65,17 @@ def eye_out(n: int, *, out: Tensor) -> Tensor:
 
 # -- float tensor * bool tensor gives bool (#686, #737) --------------------------------------
 # One Python frame per call and nothing else for the inputs the wheel gets right: the check is
-# inline, and the call goes to PyTorch's own structured composite for the overload (the kernel
-# PrivateUse1 would run without this registration: it allocates the result at its final shape
-# and calls the wheel's mul.out), through the C entry point OpOverload._op_dk. Only a
-# float/bool pair pays more: the bool operand is converted first (Tensor.to's C original,
-# not the shim's wrapper).
+# inline, and the call goes to the wheel's mul.out with the result allocated at its final shape
+# (torch's C functions: no shim wrapper). The in-place form goes to PyTorch's own structured
+# composite (it checks the broadcast shape against self and allocates nothing), through the C
+# entry point OpOverload._op_dk. Only a float/bool pair pays more: the bool operand is
+# converted first (Tensor.to's C original, not the shim's wrapper).
 
 _COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional
-_MUL = aten.mul.Tensor._op_dk
+_EMPTY = torch._C._VariableFunctions.empty
+_MUL_OUT = torch._C._VariableFunctions.mul
+_RESULT_TYPE = torch._C._VariableFunctions.result_type
+_INFER_SIZE = torch._C._infer_size
 _MUL_ = aten.mul_.Tensor._op_dk
 _TO = torch._C.TensorBase.to
 _BOOL = torch.bool
@@ -86,7 +89,13 @@ def mul_tensor(self: Tensor, other: Tensor) -> Tensor:
             self = _TO(self, b)
         else:
             other = _TO(other, a)
-    return _MUL(_COMPOSITE, self, other)
+    # the output allocated contiguous at its final shape (the wheel's out= kernels do not
+    # resize; a structured composite would follow a channels-last input's layout, which the
+    # wheel refuses to allocate), through torch's C functions: no shim frame
+    device = other.device if self.device.type == "cpu" else self.device
+    out = _EMPTY(_INFER_SIZE(self.shape, other.shape), dtype=_RESULT_TYPE(self, other),
+                 device=device)
+    return _MUL_OUT(self, other, out=out)
 
 
 def mul__tensor(self: Tensor, other: Tensor) -> Tensor:
@@ -102,22 +111,26 @@ def mul__tensor(self: Tensor, other: Tensor) -> Tensor:
 # The wheel: the backward with reduction="none" uses grad_output[0] for every row (#739, #740);
 # seen on the software adapter: a negative ignore_index is not ignored (-100 with >= 100
 # classes, -1 with any), and the 2-D forward with reduction="none" is wrong. Where any of these
-# can apply: ignore_index < 0 (PyTorch's default -100, so most calls) is remapped to class C
-# for the wheel's own out= kernels; reduction "none" backward and the 2-D "none" forward are
+# can apply: an ignore_index < 0 that reads as a class (-100 with 100 classes or more, as a
+# language model's vocabulary; -1 always) is remapped to class C for the wheel's own out=
+# kernels, any other goes to them as it is; reduction "none" backward and the 2-D "none" forward are
 # computed here from gather / eq / where / sum, ignored targets read as class 0, weighted 0.
 
 
 def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reduction: int,
                  ignore_index: int, op) -> Tuple[Tensor, Tensor]:
-    if ignore_index < 0 and (reduction != 0 or op is _NLL_OUT):
+    classes = self.shape[1] if self.dim() > 1 else self.shape[0]
+    # a negative index goes wrong where it reads as a class (ignore_index + C >= 0: -100 with
+    # 100 classes or more, -1 always); below that the wheel's kernel is right and runs as it is
+    aliased = ignore_index < 0 and ignore_index + classes >= 0
+    if aliased and (reduction != 0 or op is _NLL_OUT):
         # the ignored targets read as class C, ignore_index C: the wheel's kernel ignores a
         # non-negative index right, and its result is the CPU kernel's, bit for bit
         events._log.notes["guard.nll"] += 1
-        classes = self.shape[1] if self.dim() > 1 else self.shape[0]
         target = torch.where(torch.eq(target, ignore_index), aten.full.default(
             [], classes, dtype=target.dtype, device=target.device), target)
-        ignore_index = classes
-    if ignore_index >= 0 and (reduction != 0 or op is _NLL_OUT):
+        ignore_index, aliased = classes, False
+    if not aliased and (reduction != 0 or op is _NLL_OUT):
         return op(self, target, weight, reduction, ignore_index,
                   output=aten.empty.memory_format(target.shape if reduction == 0 else (),
                                                   dtype=self.dtype, device=self.device),
@@ -149,13 +162,14 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
 def _nll_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Optional[Tensor],
                   reduction: int, ignore_index: int, total_weight: Tensor, op) -> Tensor:
     """d/dself of nll_loss(self, target, weight, reduction) times grad_output."""
-    if reduction != 0 and ignore_index < 0:  # as in the forward
+    classes = self.shape[1] if self.dim() > 1 else self.shape[0]
+    aliased = ignore_index < 0 and ignore_index + classes >= 0  # as in the forward
+    if reduction != 0 and aliased:
         events._log.notes["guard.nll"] += 1
-        classes = self.shape[1] if self.dim() > 1 else self.shape[0]
         target = torch.where(torch.eq(target, ignore_index), aten.full.default(
             [], classes, dtype=target.dtype, device=target.device), target)
-        ignore_index = classes
-    if reduction != 0 and ignore_index >= 0:
+        ignore_index, aliased = classes, False
+    if reduction != 0 and not aliased:
         return op(grad_output, self, target, weight, reduction, ignore_index, total_weight,
                   grad_input=aten.zeros_like.default(self))
     events._log.notes["guard.nll_none" if reduction == 0 else "guard.nll"] += 1
@@ -488,6 +502,26 @@ def native_layer_norm_backward(grad_out: Tensor, input: Tensor,  # noqa: A002 - 
 
 
 # guard name -> (issues, what it fixes, {aten overload: kernel})
+# -- logsumexp: PyTorch's composite hands sum.out an empty result, which the wheel's out=
+# kernels do not resize (facts file: add(out=empty(0)) comes back empty), then adds the
+# maxima into it: "The size of tensor a (0) must match ...". The same formula from functional
+# ops, each of which allocates its result at its final shape.
+
+
+def logsumexp(self: Tensor, dim, keepdim: bool = False) -> Tensor:
+    events.note("guard.logsumexp")
+    if self.numel() == 0:
+        return torch.log(torch.sum(torch.exp(self), dim, keepdim))
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    x = self if self.is_floating_point() else self.to(torch.get_default_dtype())
+    maxes = torch.amax(x, dims, True)
+    # infinite maxima (all -inf, or an inf) are taken as 0, as PyTorch's kernel does
+    maxes = torch.where(torch.isinf(maxes), torch.zeros_like(maxes), maxes)
+    out = torch.log(torch.sum(torch.exp(torch.sub(x, maxes)), dims, True))
+    out = torch.add(out, maxes)
+    return out if keepdim else out.squeeze(dims)
+
+
 KERNEL_GUARDS = {
     "eye": ("microsoft/DirectML#431", "torch.eye on the device comes back empty",
             {"eye": eye, "eye.m": eye_m, "eye.out": eye_out, "eye.m_out": eye_m_out}),
@@ -519,4 +553,6 @@ KERNEL_GUARDS = {
                       {"_unique2": unique2}),
     "layer_norm_nobias": ("not reported", "layer-norm backward without a bias fails",
                           {"native_layer_norm_backward": native_layer_norm_backward}),
+    "logsumexp": ("not reported", "torch.logsumexp's composite hands the wheel's sum.out an "
+                  "empty result it does not resize", {"logsumexp": logsumexp}),
 }
