@@ -93,8 +93,9 @@ def mul_tensor(self: Tensor, other: Tensor) -> Tensor:
     # resize; a structured composite would follow a channels-last input's layout, which the
     # wheel refuses to allocate), through torch's C functions: no shim frame
     device = other.device if self.device.type == "cpu" else self.device
-    out = _EMPTY(_INFER_SIZE(self.shape, other.shape), dtype=_RESULT_TYPE(self, other),
-                 device=device)
+    # (result_type is an operator call: only where the dtypes differ)
+    dtype = self.dtype if self.dtype is other.dtype else _RESULT_TYPE(self, other)
+    out = _EMPTY(_INFER_SIZE(self.shape, other.shape), dtype=dtype, device=device)
     return _MUL_OUT(self, other, out=out)
 
 
@@ -127,8 +128,7 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
         # the ignored targets read as class C, ignore_index C: the wheel's kernel ignores a
         # non-negative index right, and its result is the CPU kernel's, bit for bit
         events._log.notes["guard.nll"] += 1
-        target = torch.where(torch.eq(target, ignore_index), aten.full.default(
-            [], classes, dtype=target.dtype, device=target.device), target)
+        target = torch.where(torch.eq(target, ignore_index), classes, target)  # 2 launches
         ignore_index, aliased = classes, False
     if not aliased and (reduction != 0 or op is _NLL_OUT):
         return op(self, target, weight, reduction, ignore_index,
@@ -166,12 +166,14 @@ def _nll_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Opt
     aliased = ignore_index < 0 and ignore_index + classes >= 0  # as in the forward
     if reduction != 0 and aliased:
         events._log.notes["guard.nll"] += 1
-        target = torch.where(torch.eq(target, ignore_index), aten.full.default(
-            [], classes, dtype=target.dtype, device=target.device), target)
+        target = torch.where(torch.eq(target, ignore_index), classes, target)  # 2 launches
         ignore_index, aliased = classes, False
     if reduction != 0 and not aliased:
         return op(grad_output, self, target, weight, reduction, ignore_index, total_weight,
-                  grad_input=aten.zeros_like.default(self))
+                  # (allocated, not filled: the kernel writes every element, as the
+                  # structured functional form's at::empty output shows)
+                  grad_input=aten.empty.memory_format(self.shape, dtype=self.dtype,
+                                                      device=self.device))
     events._log.notes["guard.nll_none" if reduction == 0 else "guard.nll"] += 1
     x = self.unsqueeze(0) if self.dim() == 1 else self
     t = target.unsqueeze(0) if self.dim() == 1 else target
