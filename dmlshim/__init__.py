@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__version__ = "0.1.0"
+from dmlshim._version import __version__
 
 __all__ = ["install", "uninstall", "is_installed", "get_original", "current_target", "__version__"]
 
@@ -21,13 +21,8 @@ def __getattr__(name: str) -> Any:
     if name in _API:
         from dmlshim import api
 
-        value = getattr(api, name)
-        globals()[name] = value
-        return value
+        return getattr(api, name)
     raise AttributeError(f"module 'dmlshim' has no attribute {name!r}")
-
-
-_pending = None  # the TorchImportHook of an install deferred while `python -m` finds its module
 
 
 def _launch() -> None:
@@ -42,10 +37,11 @@ def runner_started() -> None:
     The runner only validates the options and replaces itself with the interpreter; the install
     that ``import dmlshim`` deferred (below) is cancelled.
     """
-    global _pending
-    if _pending is not None:
-        _pending.remove()
-        _pending = None
+    from dmlshim.bootstrap.sitecustomize import TorchImportHook
+
+    for finder in list(sys.meta_path):
+        if isinstance(finder, TorchImportHook) and finder.callback is _launch:
+            finder.remove()
 
 
 if sys.argv[:1] == ["-m"] and "torch" not in sys.modules:
@@ -55,7 +51,6 @@ if sys.argv[:1] == ["-m"] and "torch" not in sys.modules:
     # bootstrap's does.
     from dmlshim.bootstrap.sitecustomize import TorchImportHook
 
-    _pending = TorchImportHook(_launch)
-    sys.meta_path.insert(0, _pending)
+    sys.meta_path.insert(0, TorchImportHook(_launch))
 else:
     _launch()

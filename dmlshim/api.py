@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from dmlshim import config as _config
+from dmlshim import current
 from dmlshim.patching import Patch, PatchSet
 from dmlshim.patching import get_original as get_original  # re-export
 from dmlshim.target import Target, TargetError
@@ -56,11 +57,10 @@ PERMANENT = (
     ("torch", "privateuseone", "emulated-dml: the PrivateUse1 backend's device module; torch "
      "cannot unregister a backend once registered"),
     ("os", "register_at_fork", "one after-fork hook per process (api._after_fork_in_child), "
-     "registered at the first install; os cannot unregister it, and with no session it does "
-     "nothing"),
-    ("atexit", "register", "one exit hook per process (api._at_exit), registered at the first "
-     "install; atexit.unregister leaves a slot behind each time, and with no session it does "
-     "nothing"),
+     "registered when dmlshim.api is imported; os cannot unregister it, and with no session it "
+     "does nothing"),
+    ("atexit", "register", "one exit hook per process (api._at_exit), registered when "
+     "dmlshim.api is imported; with no session it does nothing"),
 )
 
 
@@ -68,17 +68,23 @@ PERMANENT = (
 class Shim:
     """One installation: built by install(), dropped by uninstall().
 
-    It holds every record the shim keeps (patches reach it through :func:`session`), so
-    uninstall() leaves nothing behind but :data:`PERMANENT`. ``patches`` and ``devices`` are
-    None for an inert target (real CUDA found by ``auto``: nothing installed).
+    It holds every record the shim keeps (:data:`dmlshim.current.session` points at it while
+    it is in force), so uninstall() leaves nothing behind but :data:`PERMANENT` and the
+    originals of the patched attributes. ``patches`` and ``devices`` are None for an inert
+    target (real CUDA found by ``auto``: nothing installed).
     """
 
     target: Target
     config: _config.Config
-    capabilities: Any  # dmlshim.capabilities.Capabilities of the target
+    capabilities: Any  # dmlshim.capabilities.Capabilities: what the target can do (the one)
     events: Any  # dmlshim.events.EventLog: what the shim changed, for the log and the report
     devices: Any = None  # dmlshim.devicemap.DeviceMap: CUDA ordinals -> target devices
     rebind: Any = None  # dmlshim.rebind.registry.Registry: optimizers, schedulers, loaders
+    # dmlshim.conversions.Rewriters: the dtype/memory-format rules and area policies the
+    # device-argument wrappers apply (registered by the areas while they install)
+    rewriters: Any = None
+    # code object of a caller of a patched function -> whether it is torch's (patching's memo)
+    torch_callers: Dict[Any, bool] = field(default_factory=dict)
     patches: Optional[PatchSet] = None
     # the environment children inherit (set by the processes patch while it is installed)
     child_environment: Optional[ChildEnvironment] = None
@@ -88,12 +94,13 @@ class Shim:
     # peak of memory_allocated per ordinal, where the target keeps none itself (the CPU)
     memory_peaks: Dict[int, int] = field(default_factory=dict)
 
-    def _installed_patches(self) -> List[Patch]:
+    def installed(self) -> List[Patch]:
+        """The patches that changed something, in install order."""
         return [p for p in self.patches.patches if p.installed] if self.patches else []
 
     def patch(self, name: str) -> Optional[Patch]:
         """The installed patch called ``name`` (None if it is not installed)."""
-        for p in self._installed_patches():
+        for p in self.installed():
             if p.name == name:
                 return p
         return None
@@ -101,57 +108,52 @@ class Shim:
     def after_fork(self) -> None:
         """In a forked child: fresh records, then each installed patch's ``after_fork``."""
         self.events.after_fork()
-        for patch in self._installed_patches():
+        for patch in self.installed():
             hook = getattr(patch, "after_fork", None)
             if hook is not None:
                 hook()
 
     def at_exit(self) -> None:
         """At interpreter exit: each installed patch's ``at_exit`` (the diagnostics summary)."""
-        for patch in reversed(self._installed_patches()):
+        for patch in reversed(self.installed()):
             hook = getattr(patch, "at_exit", None)
             if hook is not None:
                 hook()
 
 
 _lock = threading.RLock()
-_shim: Optional[Shim] = None
-_process_hooks = False  # the fork and exit hooks are registered (see PERMANENT)
 
 
 def _after_fork_in_child() -> None:
-    shim = _shim
+    shim = current.session
     if shim is not None:
         shim.after_fork()
 
 
 def _at_exit() -> None:
-    shim = _shim
+    shim = current.session
     if shim is not None:
         shim.at_exit()
 
 
-def _register_process_hooks() -> None:
-    global _process_hooks
-    if _process_hooks:
-        return
-    _process_hooks = True
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-    atexit.register(_at_exit)
+# Once per process (see PERMANENT): a module is imported once.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
 
 
 def __getattr__(name: str) -> Any:
     # `api._patches` (read by tests and tools): the installed PatchSet, or None
     if name == "_patches":
-        return _shim.patches if _shim is not None else None
+        shim = current.session
+        return shim.patches if shim is not None else None
     raise AttributeError(name)
 
 
 def session() -> Optional[Shim]:
     """The installation in force (None when not installed; during install() the one being
     built, so patches see it while they install)."""
-    return _shim
+    return current.session
 
 
 def patch_classes() -> List[type]:
@@ -174,13 +176,15 @@ def _load_patches() -> PatchSet:
 
 
 def _setup_logging(level: str) -> None:
-    log.setLevel(getattr(logging, level.upper()))
-    if not any(getattr(h, "_dmlshim", False) for h in log.handlers):
+    # the "dmlshim" logger is logging's (process-wide by design): each install sets its level
+    logger = logging.getLogger("dmlshim")
+    logger.setLevel(getattr(logging, level.upper()))
+    if not any(getattr(h, "_dmlshim", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("dmlshim: %(message)s"))
         handler._dmlshim = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
-        log.propagate = False
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def _same_options(a: _config.Config, b: _config.Config) -> bool:
@@ -197,37 +201,36 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
     ``optimizer="rebind"``, ...); they override the environment. Calling install again with
     the same options does nothing; with other options it reinstalls.
     """
-    global _shim
     from dmlshim import config as cfgmod
 
     with _lock:
         cfg = _config if _config is not None else cfgmod.load(options, source="install()")
-        if _shim is not None and _shim.patches is not None and _same_options(_shim.config, cfg):
-            return _shim.target
-        if _shim is not None:
+        old = current.session
+        if old is not None and old.patches is not None and _same_options(old.config, cfg):
+            return old.target
+        if old is not None:
             uninstall()
         _setup_logging(cfg.log)
-        from dmlshim import capabilities, events, target
+        from dmlshim import capabilities, conversions, events, target
 
         tgt = target.resolve(cfg.device)
         caps = capabilities.of(tgt, cfg)
         shim = Shim(tgt, cfg, caps, events.EventLog(
-            trace=cfg.log in ("info", "debug") or bool(cfg.report)))
-        events.attach(shim.events)
-        _shim = shim
+            trace=cfg.log in ("info", "debug") or bool(cfg.report)),
+            rewriters=conversions.Rewriters())
+        current.switch(shim)
         if tgt.inert:
             log.info("%s", tgt.reason)
             return tgt
         try:
             _activate(shim)
             patches = _load_patches()
-            names = patches.install(tgt, cfg)
+            names = patches.install(caps, cfg)
         except BaseException:
             _deactivate(shim)
-            _shim = None
+            current.switch(None)
             raise
         shim.patches = patches
-        _register_process_hooks()
         log.info("target %s (%s); patches: %s", tgt.kind, tgt.reason, ", ".join(names))
         return tgt
 
@@ -254,14 +257,11 @@ def _activate(shim: Shim) -> None:
         from dmlshim import target
 
         target.import_torch_directml()
-    shim.devices = devicemap.DeviceMap(shim.target, shim.capabilities)
-    devicemap.activate(shim.devices)
+    shim.devices = devicemap.DeviceMap(shim.capabilities)
     shim.rebind = Registry()
 
 
 def _deactivate(shim: Shim) -> None:
-    from dmlshim import devicemap, events
-
     if shim.generator_before is not None:
         import torch
 
@@ -270,40 +270,38 @@ def _deactivate(shim: Shim) -> None:
     if shim.dtensor_guard is not None:
         shim.dtensor_guard.remove()
         shim.dtensor_guard = None
-    if devicemap.active() is shim.devices:
-        devicemap.deactivate()
-    if events.current_log() is shim.events:
-        events.detach()
 
 
 def uninstall() -> None:
     """Remove every patch; every patched attribute is the original object again, and the
     installation's records (events, device map, rebind registry) are dropped."""
-    global _shim
     with _lock:
-        shim = _shim
+        shim = current.session
         if shim is None:
             return
         try:
             if shim.patches is not None:
                 shim.patches.uninstall()  # undo steps still see the session
         finally:
-            _shim = None
+            current.switch(None)
             _deactivate(shim)
 
 
 def is_installed() -> bool:
-    return _shim is not None and _shim.patches is not None
+    shim = current.session
+    return shim is not None and shim.patches is not None
 
 
 def current_target() -> Optional[Target]:
-    return _shim.target if _shim is not None else None
+    shim = current.session
+    return shim.target if shim is not None else None
 
 
 def installed_patches() -> List[str]:
-    if _shim is None or _shim.patches is None:
+    shim = current.session
+    if shim is None or shim.patches is None:
         return []
-    return [p.name for p in _shim.patches.patches if p.installed]
+    return [p.name for p in shim.patches.patches if p.installed]
 
 
 __all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed",

@@ -1,7 +1,9 @@
 """What each kind of target can do: one object per kind, asked instead of comparing kind strings.
 
-Only :class:`EmulatedDirectML` reads the emulator's switches (the options' ``emulator_gaps``)
-and imports the emulator; the product's other modules ask :func:`of`.
+The session builds its target's object once (``api.Shim.capabilities``) and the patches get
+it at install; nothing else answers "what can this target do" (:class:`dmlshim.target.Target`
+is data: kind, adapters, names). Only :class:`EmulatedDirectML` reads the emulator's switches
+(the options' ``emulator_gaps``) and imports the emulator.
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ class Capabilities:
     """The CPU target (also the base: answers for a target that does not redirect)."""
 
     kind = "cpu"
+    #: real or emulated DirectML: Parameters are replaced on conversion, the wheel's bugs
     directml = False
+    #: CUDA devices are rewritten to this target's devices (False only for real CUDA)
+    redirects = True
+    #: the torch device type the target's tensors have
+    device_type = "cpu"
 
     def __init__(self, target: Any, config: Any) -> None:
         self.target = target
@@ -53,9 +60,9 @@ class Capabilities:
         pass
 
     def memory_allocated(self, index: int) -> int:
-        from dmlshim import backend
+        from dmlshim import hostmemory
 
-        return backend.process_memory()
+        return hostmemory.process_memory()
 
     def max_memory_allocated(self, index: int) -> Any:
         return None  # None: the caller keeps its own peak of memory_allocated
@@ -113,6 +120,8 @@ class Capabilities:
 
 class Cuda(Capabilities):
     kind = "cuda"
+    redirects = False
+    device_type = "cuda"
     redirects_to_cpu = False
 
     def has_fused_optimizers(self) -> bool:
@@ -122,6 +131,7 @@ class Cuda(Capabilities):
 class DirectML(Capabilities):
     kind = "dml"
     directml = True
+    device_type = "privateuseone"
 
     def has_float64(self, index: int = 0) -> bool:
         f64 = self.target.float64
@@ -137,10 +147,8 @@ class DirectML(Capabilities):
         return WHEEL_BUGS
 
     def synchronize(self, index: int) -> None:
-        from dmlshim import devicemap
-
         # DirectML queues work; a read back to the host waits for everything before it.
-        torch.zeros(1, device=devicemap.device_for(index)).cpu()
+        torch.zeros(1, device=torch.device(self.device_type, index)).cpu()
 
     def memory_allocated(self, index: int) -> int:
         return self.used_device_memory(index)
@@ -185,6 +193,7 @@ class DirectML(Capabilities):
 class EmulatedDirectML(Capabilities):
     kind = "emulated-dml"
     directml = True
+    device_type = "privateuseone"
 
     def _switches(self) -> Tuple[str, ...]:
         return self.config.emulator_switches() if self.config is not None else ()
@@ -271,15 +280,3 @@ def of(target: Any, config: Any = None) -> Capabilities:
         return Capabilities(None, config)
     return _BY_KIND[target.kind](target, config)
 
-
-def current() -> Capabilities:
-    """The capabilities of the installed target (the session's object, built once at install;
-    the CPU's when nothing is installed)."""
-    from dmlshim import api
-
-    shim = api.session()
-    if shim is not None:
-        return shim.capabilities
-    from dmlshim import config as cfgmod
-
-    return of(None, cfgmod.load())

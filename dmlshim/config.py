@@ -1,7 +1,7 @@
 """Every dmlshim option, in one table: CLI flag, environment variable, default, valid values.
 
-Nothing else in the package reads ``DMLSHIM_*`` variables for options; it asks
-:func:`current` (the options in force) instead. A bad value raises :class:`ConfigError`, which
+Nothing else in the package reads ``DMLSHIM_*`` variables for options: the session holds the
+options in force (``api.Shim.config``). A bad value raises :class:`ConfigError`, which
 the entry points turn into one line on stderr and exit status 2 (:func:`exit_on_error`).
 """
 
@@ -12,7 +12,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, NoReturn, Optional, Tuple
 
 ENV_PREFIX = "DMLSHIM_"
 
@@ -255,16 +255,7 @@ def load(overrides: Optional[Mapping[str, object]] = None, source: str = "cli",
     return Config(values, sources)
 
 
-def current() -> Config:
-    """The options in force: those of the installation (dmlshim.api.session()), else read from
-    the environment."""
-    from dmlshim import api
-
-    shim = api.session()
-    return shim.config if shim is not None else load()
-
-
-def exit_on_error(err: ConfigError) -> NoReturn:  # type: ignore[name-defined]  # noqa: F821
+def exit_on_error(err: ConfigError) -> NoReturn:
     print(str(err), file=sys.stderr)
     raise SystemExit(2)
 

@@ -1,24 +1,23 @@
-"""The argument rewriters of the device-taking entry points, and the order they run in.
+"""The rules the device-argument wrappers apply after the device rule, and the areas' policies.
 
 :mod:`dmlshim.patches.devices` wraps each entry point once (``Tensor.to``/``.cuda``/
-``.double``/``.bfloat16``, ``Module.to``/``.cuda``, the factories, ``Tensor.new_*``). A call
-runs, in this order (:data:`ORDER`):
+``.double``/``.bfloat16``, ``Module.to``/``.cuda``, the factories, ``Tensor.new_*``). Its
+wrapper bodies are the one place the order is written: the device rule
+(:func:`dmlshim.devicemap.map_device`: a CUDA device becomes the target), then the rule for the
+dtype the tensor would have on the device (contributed by the float64 and bf16 areas, for
+DirectML devices only), then the memory-format rule (a non-contiguous ``memory_format`` bound
+for a DirectML device is dropped: the layout area), then the call's one event.
 
-1. ``device``: :func:`dmlshim.devicemap.map_device` (a CUDA device becomes the target);
-2. ``dtype``: the rule for the dtype the tensor would have on the device (:data:`DTYPE_RULES`,
-   contributed by the float64 and bf16 areas, for DirectML devices only);
-3. ``memory_format``: a non-contiguous ``memory_format`` bound for a DirectML device is
-   dropped (:data:`MEMORY_FORMAT_RULE`, from the layout area).
-
-A rule is data plus two small functions; when no rule is registered (the CPU target), the
-entry points run only the device rule. Areas register in their ``_install`` and unregister
-through ``Patch.on_undo``.
+A rule is data plus two small functions. The rules of an installation are its
+:class:`Rewriters` (``api.Shim.rewriters``): areas register in their ``_install`` through the
+front doors below and unregister through ``Patch.on_undo``; when none is registered (the CPU
+target), the entry points run only the device rule.
 
 Entry points whose call is more than a device argument also get the owning area's decision as
-a policy function (:data:`POLICIES`): which legacy ``torch.cuda.*Tensor`` type ``Tensor.type``
-names (cuda_api), where a storage's ``.cuda()`` puts it while a checkpoint loads
-(serialization), whether ``share_memory_`` is a no-op (storage). devices.py still runs the
-device rule and records the call's one event.
+a policy function (:attr:`Rewriters.policies`): which legacy ``torch.cuda.*Tensor`` type
+``Tensor.type`` names (cuda_api), where a storage's ``.cuda()`` puts it while a checkpoint
+loads (serialization), whether ``share_memory_`` is a no-op (storage). devices.py still runs
+the device rule and records the call's one event.
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from dmlshim import devicemap, events
-
-ORDER = ("device", "dtype", "memory_format")
+from dmlshim import current, devicemap, events
 
 
 @dataclass(frozen=True)
@@ -48,30 +45,7 @@ class MemoryFormatRule:
     lands_on: Callable[[torch.device], bool]  # formats other than contiguous are dropped there
 
 
-#: dtype -> its rule; empty unless an area registered one (DirectML targets)
-DTYPE_RULES: Dict[torch.dtype, DtypeRule] = {}
-MEMORY_FORMAT_RULE: Optional[MemoryFormatRule] = None
 _KEPT_FORMATS = (torch.preserve_format, torch.contiguous_format, None)
-
-
-def add_dtype_rule(rule: DtypeRule) -> Callable[[], None]:
-    """Register ``rule``; returns the function that removes it (for ``Patch.on_undo``)."""
-    if rule.dtype in DTYPE_RULES:
-        raise RuntimeError(f"dmlshim: a rule for {rule.dtype} is already registered "
-                           f"(by {DTYPE_RULES[rule.dtype].area})")
-    DTYPE_RULES[rule.dtype] = rule
-    return lambda: DTYPE_RULES.pop(rule.dtype, None)
-
-
-def set_memory_format_rule(rule: MemoryFormatRule) -> Callable[[], None]:
-    global MEMORY_FORMAT_RULE
-    MEMORY_FORMAT_RULE = rule
-
-    def remove() -> None:
-        global MEMORY_FORMAT_RULE
-        MEMORY_FORMAT_RULE = None
-
-    return remove
 
 
 def as_device(dev: Any) -> Optional[torch.device]:
@@ -86,28 +60,6 @@ def as_device(dev: Any) -> Optional[torch.device]:
         except (RuntimeError, TypeError):
             return None
     return None
-
-
-def dtype_for(api: str, dtype: Optional[torch.dtype], dev: Any) -> Optional[torch.dtype]:
-    """The dtype rule's answer for a tensor of ``dtype`` entering ``dev``: the new dtype, or
-    None when nothing changes."""
-    rule = DTYPE_RULES.get(dtype)  # type: ignore[arg-type]
-    if rule is None:
-        return None
-    device = as_device(dev)
-    if device is None or not rule.lands_on(device):
-        return None
-    new = rule.replace(api)
-    return None if new is dtype else new
-
-
-def memory_format_for(api: str, memory_format: Any, dev: Any) -> bool:
-    """Whether ``memory_format`` is to be dropped for a tensor entering ``dev``."""
-    rule = MEMORY_FORMAT_RULE
-    if rule is None or memory_format in _KEPT_FORMATS:
-        return False
-    device = as_device(dev)
-    return device is not None and rule.lands_on(device)
 
 
 def _name(dtype: Any) -> str:
@@ -162,31 +114,6 @@ def parse_to(args: tuple, kwargs: dict) -> Tuple[Any, Optional[torch.dtype], Dic
     return dev, dtype, rest
 
 
-def rewrite_to(api: str, instance: torch.Tensor, args: tuple, kwargs: dict,
-               moved: Optional[Tuple[Any, Any, str]] = None) -> Optional[Tuple[tuple, dict]]:
-    """The dtype and memory-format rules for a ``Tensor.to`` call whose device rule already
-    ran (``moved``: what it changed): new (args, kwargs) with the call's one event recorded,
-    or None when they change nothing (the caller records ``moved``)."""
-    dev, dtype, rest = parse_to(args, kwargs)
-    target = dev if dev is not None else instance.device
-    old_dtype = dtype if dtype is not None else instance.dtype
-    new_dtype = dtype_for(api, old_dtype, target)
-    dropped = rest.get("memory_format")
-    drop = memory_format_for(api, dropped, target)
-    if new_dtype is None and not drop:
-        return None
-    record(api, moved, (old_dtype, new_dtype) if new_dtype is not None else None,
-           dropped if drop else None)
-    if drop:
-        rest.pop("memory_format")
-    if new_dtype is not None:
-        dtype = new_dtype
-    if dev is None and dtype is None:
-        return (), rest
-    head: tuple = (dev,) if dev is not None else ()
-    return head, dict(rest, dtype=dtype) if dtype is not None else rest
-
-
 def device_of_default() -> Any:
     return torch.get_default_device() if hasattr(torch, "get_default_device") else "cpu"
 
@@ -200,47 +127,6 @@ def map_any(dev: Any) -> Any:
 _INFERRING = ("tensor", "as_tensor", "asarray")  # the result dtype comes from the data
 
 
-def call_factory(name: str, wrapped: Callable[..., Any], args: tuple, kwargs: dict,
-                 moved: Optional[Tuple[Any, Any, str]] = None) -> Any:
-    """A factory call whose result may have a dtype of :data:`DTYPE_RULES` (the device rule has
-    already run; ``moved``: what it changed): the rule decides, and the call's one event is
-    recorded; the call is made as it is otherwise."""
-    api = "torch." + name
-    infers = name in _INFERRING
-    likes = name.endswith("_like")
-    dtype = kwargs.get("dtype")
-    dev = kwargs.get("device")
-    if name == "as_tensor" and len(args) > 1:  # as_tensor(data, dtype=None, device=None)
-        dtype = args[1] if dtype is None else dtype
-        if len(args) > 2 and dev is None:
-            dev = map_any(args[2])
-            if dev is not args[2]:
-                moved = (args[2], dev, "device")
-        args = (args[0],)
-        kwargs = dict(kwargs, dtype=dtype, device=dev)
-    if dev is None:
-        dev = getattr(args[0], "device", None) if likes and args else device_of_default()
-    if dtype is not None or likes:
-        if dtype is None:
-            dtype = getattr(args[0], "dtype", None) if args else None
-        new = dtype_for(api, dtype, dev)
-        _record_factory(api, moved, dtype, new)
-        return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
-    if infers:
-        return _inferred(wrapped, api, args, kwargs, dev, moved)
-    # the default dtype has a rule: learn the result dtype on the meta device (no data)
-    probe_kwargs = {k: v for k, v in kwargs.items()
-                    if k not in ("generator", "pin_memory", "requires_grad", "out")}
-    try:
-        probe = wrapped(*args, **dict(probe_kwargs, device="meta"))
-    except Exception:  # noqa: BLE001 - no probe: leave the call as it is
-        _record_factory(api, moved, None, None)
-        return wrapped(*args, **kwargs)
-    new = dtype_for(api, getattr(probe, "dtype", None), dev)
-    _record_factory(api, moved, getattr(probe, "dtype", None), new)
-    return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
-
-
 def _record_factory(api: str, moved: Any, old: Any, new: Any) -> None:
     if new is not None:
         record(api, moved, (old, new))
@@ -248,50 +134,179 @@ def _record_factory(api: str, moved: Any, old: Any, new: Any) -> None:
         events.redirected(api, moved[0], moved[1], arg=moved[2])
 
 
-def _inferred(wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict, dev: Any,
-              moved: Any = None) -> Any:
-    """torch.tensor/as_tensor/asarray without dtype: the data decides; build on the host."""
-    device = as_device(dev)
-    data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
-    if device is None or device.type in ("cpu", "meta") \
-            or (isinstance(data, torch.Tensor) and data.dtype not in DTYPE_RULES):
-        _record_factory(api, moved, None, None)
-        return wrapped(*args, **kwargs)
-    host_kwargs = dict(kwargs, device="cpu")
-    requires_grad = bool(host_kwargs.pop("requires_grad", False))
-    host = wrapped(*args, **host_kwargs)
-    new = dtype_for(api, host.dtype, dev) if host.dtype in DTYPE_RULES else None
-    _record_factory(api, moved, host.dtype, new)
-    if new is None:
-        return wrapped(*args, **kwargs)  # the usual path, so storage sharing stays as it is
-    result = host.to(device=map_any(dev), dtype=new)
-    if requires_grad:
-        result.requires_grad_(True)
-    return result
+class Rewriters:
+    """The rules and policies of one installation (``api.Shim.rewriters``)."""
+
+    def __init__(self) -> None:
+        #: dtype -> its rule; empty unless an area registered one (DirectML targets)
+        self.dtype_rules: Dict[torch.dtype, DtypeRule] = {}
+        self.memory_format_rule: Optional[MemoryFormatRule] = None
+        #: entry point -> the function of the area that decides what its call does (an entry
+        #: point without one passes its calls to torch):
+        #:
+        #: * ``"Tensor.type"``: ``arg -> dtype or None``: the dtype of the CUDA legacy tensor
+        #:   type the argument names (``torch.cuda.FloatTensor``, ``"torch.cuda.FloatTensor"``),
+        #:   else None;
+        #: * ``"Storage.cuda"``: ``(storage, target device) -> storage``: the storage put there;
+        #: * ``"Tensor.share_memory_"``: ``tensor -> bool``: True when its memory cannot be
+        #:   shared (the call is then a no-op returning the tensor, as for a CUDA tensor).
+        self.policies: Dict[str, Callable[..., Any]] = {}
+
+    def add_dtype_rule(self, rule: DtypeRule) -> Callable[[], None]:
+        """Register ``rule``; returns the function that removes it (for ``Patch.on_undo``)."""
+        rules = self.dtype_rules
+        if rule.dtype in rules:
+            raise RuntimeError(f"dmlshim: a rule for {rule.dtype} is already registered "
+                               f"(by {rules[rule.dtype].area})")
+        rules[rule.dtype] = rule
+        return lambda: rules.pop(rule.dtype, None)
+
+    def set_memory_format_rule(self, rule: MemoryFormatRule) -> Callable[[], None]:
+        self.memory_format_rule = rule
+
+        def remove() -> None:
+            self.memory_format_rule = None
+
+        return remove
+
+    def add_policy(self, api: str, policy: Callable[..., Any]) -> Callable[[], None]:
+        """Register the area's ``policy`` for entry point ``api``; returns its remover (for
+        ``Patch.on_undo``). One area decides each entry point."""
+        policies = self.policies
+        if api in policies:
+            raise RuntimeError(f"dmlshim: {api} already has a policy ({policies[api]!r})")
+        policies[api] = policy
+
+        def remove() -> None:
+            if policies.get(api) is policy:
+                del policies[api]
+
+        return remove
+
+    def dtype_for(self, api: str, dtype: Optional[torch.dtype], dev: Any) -> Optional[torch.dtype]:
+        """The dtype rule's answer for a tensor of ``dtype`` entering ``dev``: the new dtype, or
+        None when nothing changes."""
+        rule = self.dtype_rules.get(dtype)  # type: ignore[arg-type]
+        if rule is None:
+            return None
+        device = as_device(dev)
+        if device is None or not rule.lands_on(device):
+            return None
+        new = rule.replace(api)
+        return None if new is dtype else new
+
+    def memory_format_for(self, api: str, memory_format: Any, dev: Any) -> bool:
+        """Whether ``memory_format`` is to be dropped for a tensor entering ``dev``."""
+        rule = self.memory_format_rule
+        if rule is None or memory_format in _KEPT_FORMATS:
+            return False
+        device = as_device(dev)
+        return device is not None and rule.lands_on(device)
+
+    def rewrite_to(self, api: str, instance: torch.Tensor, args: tuple, kwargs: dict,
+                   moved: Optional[Tuple[Any, Any, str]] = None) -> Optional[Tuple[tuple, dict]]:
+        """The dtype and memory-format rules for a ``Tensor.to`` call whose device rule already
+        ran (``moved``: what it changed): new (args, kwargs) with the call's one event recorded,
+        or None when they change nothing (the caller records ``moved``)."""
+        dev, dtype, rest = parse_to(args, kwargs)
+        target = dev if dev is not None else instance.device
+        old_dtype = dtype if dtype is not None else instance.dtype
+        new_dtype = self.dtype_for(api, old_dtype, target)
+        dropped = rest.get("memory_format")
+        drop = self.memory_format_for(api, dropped, target)
+        if new_dtype is None and not drop:
+            return None
+        record(api, moved, (old_dtype, new_dtype) if new_dtype is not None else None,
+               dropped if drop else None)
+        if drop:
+            rest.pop("memory_format")
+        if new_dtype is not None:
+            dtype = new_dtype
+        if dev is None and dtype is None:
+            return (), rest
+        head: tuple = (dev,) if dev is not None else ()
+        return head, dict(rest, dtype=dtype) if dtype is not None else rest
+
+    def call_factory(self, name: str, wrapped: Callable[..., Any], args: tuple, kwargs: dict,
+                     moved: Optional[Tuple[Any, Any, str]] = None) -> Any:
+        """A factory call whose result may have a dtype of :attr:`dtype_rules` (the device rule has
+        already run; ``moved``: what it changed): the rule decides, and the call's one event is
+        recorded; the call is made as it is otherwise."""
+        api = "torch." + name
+        infers = name in _INFERRING
+        likes = name.endswith("_like")
+        dtype = kwargs.get("dtype")
+        dev = kwargs.get("device")
+        if name == "as_tensor" and len(args) > 1:  # as_tensor(data, dtype=None, device=None)
+            dtype = args[1] if dtype is None else dtype
+            if len(args) > 2 and dev is None:
+                dev = map_any(args[2])
+                if dev is not args[2]:
+                    moved = (args[2], dev, "device")
+            args = (args[0],)
+            kwargs = dict(kwargs, dtype=dtype, device=dev)
+        if dev is None:
+            dev = getattr(args[0], "device", None) if likes and args else device_of_default()
+        if dtype is not None or likes:
+            if dtype is None:
+                dtype = getattr(args[0], "dtype", None) if args else None
+            new = self.dtype_for(api, dtype, dev)
+            _record_factory(api, moved, dtype, new)
+            return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
+        if infers:
+            return self._inferred(wrapped, api, args, kwargs, dev, moved)
+        # the default dtype has a rule: learn the result dtype on the meta device (no data)
+        probe_kwargs = {k: v for k, v in kwargs.items()
+                        if k not in ("generator", "pin_memory", "requires_grad", "out")}
+        try:
+            probe = wrapped(*args, **dict(probe_kwargs, device="meta"))
+        except Exception:  # noqa: BLE001 - no probe: leave the call as it is
+            _record_factory(api, moved, None, None)
+            return wrapped(*args, **kwargs)
+        new = self.dtype_for(api, getattr(probe, "dtype", None), dev)
+        _record_factory(api, moved, getattr(probe, "dtype", None), new)
+        return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
+
+    def _inferred(self, wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict, dev: Any,
+                  moved: Any = None) -> Any:
+        """torch.tensor/as_tensor/asarray without dtype: the data decides; build on the host."""
+        device = as_device(dev)
+        data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
+        if device is None or device.type in ("cpu", "meta") \
+                or (isinstance(data, torch.Tensor) and data.dtype not in self.dtype_rules):
+            _record_factory(api, moved, None, None)
+            return wrapped(*args, **kwargs)
+        host_kwargs = dict(kwargs, device="cpu")
+        requires_grad = bool(host_kwargs.pop("requires_grad", False))
+        host = wrapped(*args, **host_kwargs)
+        new = self.dtype_for(api, host.dtype, dev) if host.dtype in self.dtype_rules else None
+        _record_factory(api, moved, host.dtype, new)
+        if new is None:
+            return wrapped(*args, **kwargs)  # the usual path, so storage sharing stays as it is
+        result = host.to(device=map_any(dev), dtype=new)
+        if requires_grad:
+            result.requires_grad_(True)
+        return result
 
 
-# -- the areas' policies ----------------------------------------------------------------------
+# -- the front doors of the areas (they register while the session installs them) ---------
 
-#: entry point -> the function of the area that decides what its call does, registered by the
-#: area's install (an entry point without one passes its calls to torch):
-#:
-#: * ``"Tensor.type"``: ``arg -> dtype or None``: the dtype of the CUDA legacy tensor type the
-#:   argument names (``torch.cuda.FloatTensor``, ``"torch.cuda.FloatTensor"``), else None;
-#: * ``"Storage.cuda"``: ``(storage, target device) -> storage``: the storage put there;
-#: * ``"Tensor.share_memory_"``: ``tensor -> bool``: True when its memory cannot be shared
-#:   (the call is then a no-op returning the tensor, as for a CUDA tensor).
-POLICIES: Dict[str, Callable[..., Any]] = {}
+def _rewriters() -> Rewriters:
+    shim = current.session
+    if shim is None or shim.rewriters is None:
+        raise RuntimeError("dmlshim: rules are registered by patches while dmlshim installs")
+    return shim.rewriters
+
+
+def add_dtype_rule(rule: DtypeRule) -> Callable[[], None]:
+    """Register ``rule`` with the installing session; returns its remover."""
+    return _rewriters().add_dtype_rule(rule)
+
+
+def set_memory_format_rule(rule: MemoryFormatRule) -> Callable[[], None]:
+    return _rewriters().set_memory_format_rule(rule)
 
 
 def add_policy(api: str, policy: Callable[..., Any]) -> Callable[[], None]:
-    """Register the area's ``policy`` for entry point ``api``; returns its remover (for
-    ``Patch.on_undo``). One area decides each entry point."""
-    if api in POLICIES:
-        raise RuntimeError(f"dmlshim: {api} already has a policy ({POLICIES[api]!r})")
-    POLICIES[api] = policy
-
-    def remove() -> None:
-        if POLICIES.get(api) is policy:
-            del POLICIES[api]
-
-    return remove
+    """Register the area's ``policy`` for entry point ``api`` with the installing session."""
+    return _rewriters().add_policy(api, policy)

@@ -18,6 +18,7 @@ from typing import Any, List, Optional
 
 import torch
 
+from dmlshim import current as _current
 from dmlshim.config import INTERNAL_BY_NAME
 from dmlshim.target import Target
 
@@ -33,21 +34,20 @@ class DeviceMapError(RuntimeError):
 class DeviceMap:
     """The CUDA ordinals of one installation (``api.Shim.devices``) and the device each means."""
 
-    def __init__(self, target: Target, capabilities: Any = None) -> None:
-        if capabilities is None:
-            from dmlshim import capabilities as capmod
-
-            capabilities = capmod.of(target)
+    def __init__(self, capabilities: Any) -> None:
+        target: Target = capabilities.target
         self.target = target
+        self.redirects = bool(capabilities.redirects)
         self.current = target.index  # the ordinal "cuda" (no index) means: set_device's choice
         # the CPU is one device whatever ordinal the script names
         self.one_device = bool(capabilities.redirects_to_cpu)
-        if not target.redirects:
+        device_type = capabilities.device_type
+        if not self.redirects:
             self.devices: List[torch.device] = []  # real CUDA: nothing is rewritten
         elif self.one_device:
-            self.devices = [torch.device(target.device_type)]
+            self.devices = [torch.device(device_type)]
         else:
-            self.devices = [torch.device(target.device_type, i) for i in range(target.count)]
+            self.devices = [torch.device(device_type, i) for i in range(target.count)]
         # Multi-process launches: ordinal N -> adapter N % count. torchrun gives each rank
         # LOCAL_RANK, and `cuda:{local_rank}` must still find an adapter when there are more
         # ranks than adapters; mp.spawn children learn it from the launcher's variable.
@@ -64,7 +64,7 @@ class DeviceMap:
         return index
 
     def check(self, index: int) -> None:
-        if not self.target.redirects:
+        if not self.redirects:
             return
         if self.one_device or self.wrap_ordinals:
             if index < 0:
@@ -87,52 +87,47 @@ class DeviceMap:
         self.current = self.resolve(index)
 
 
-# The installed session's map (api.install activates it, uninstall deactivates it); None when
-# nothing is installed or the target is inert. The functions below are the front doors every
-# patch calls; map_device reads it directly, adding no frame to an entry point's path.
-_map: Optional[DeviceMap] = None
-
-
-def activate(device_map: DeviceMap) -> None:
-    global _map
-    _map = device_map
-
-
-def deactivate() -> None:
-    global _map
-    _map = None
+# The functions below are the front doors every patch calls: they read the session's map
+# (``api.Shim.devices``; None when nothing is installed or the target is inert) through the
+# session pointer directly, adding no frame to an entry point's path.
 
 
 def active() -> Optional[DeviceMap]:
-    return _map
+    shim = _current.session
+    return shim.devices if shim is not None else None
 
 
 def target() -> Optional[Target]:
-    return _map.target if _map is not None else None
+    m = active()
+    return m.target if m is not None else None
 
 
 def set_wrap_ordinals(on: bool) -> None:
-    if _map is not None:
-        _map.wrap_ordinals = on
+    m = active()
+    if m is not None:
+        m.wrap_ordinals = on
 
 
 def current_index() -> int:
-    return _map.current if _map is not None else 0
+    m = active()
+    return m.current if m is not None else 0
 
 
 def set_current_index(index: int) -> None:
-    if _map is not None:
-        _map.set_current(index)
+    m = active()
+    if m is not None:
+        m.set_current(index)
 
 
 def check_index(index: int) -> None:
-    if _map is not None:
-        _map.check(index)
+    m = active()
+    if m is not None:
+        m.check(index)
 
 
 def device_for(index: Optional[int]) -> torch.device:
     """The target device standing in for CUDA ordinal ``index`` (None: the current one)."""
-    m = _map
+    m = active()
     if m is None:
         raise DeviceMapError("dmlshim: no CUDA device map: dmlshim is not installed")
     if index is None:
@@ -170,7 +165,8 @@ def is_cuda_device(arg: Any, int_is_cuda: bool = False) -> bool:
 
 def map_device(arg: Any, int_is_cuda: bool = False) -> Any:
     """``arg`` rewritten to the target device if it denotes a CUDA device, else ``arg`` itself."""
-    m = _map
+    shim = _current.session
+    m = shim.devices if shim is not None else None
     if m is None or not m.devices:  # inactive, or the target is real CUDA
         return arg
     cls = arg.__class__
@@ -194,7 +190,8 @@ def map_device(arg: Any, int_is_cuda: bool = False) -> Any:
 
 def is_target_device(dev: torch.device) -> bool:
     """Whether a tensor on ``dev`` is "on the GPU" from the script's point of view."""
-    m = _map
+    shim = _current.session
+    m = shim.devices if shim is not None else None
     if m is None or not m.devices:
         return dev.type == "cuda"
     return dev.type == m.devices[0].type
@@ -202,7 +199,7 @@ def is_target_device(dev: torch.device) -> bool:
 
 def as_cuda(dev: torch.device) -> torch.device:
     """The CUDA device a target device stands for (``privateuseone:1`` -> ``cuda:1``)."""
-    m = _map
+    m = active()
     if m is None or not m.devices or dev.type != m.devices[0].type:
         return dev
     return torch.device("cuda", dev.index if dev.index is not None else m.current)

@@ -148,7 +148,7 @@ def _smoke_test(cfg: cfgmod.Config) -> Optional[str]:
 
 
 def main(cfg: cfgmod.Config) -> int:
-    from dmlshim import __version__
+    from dmlshim._version import __version__
 
     out = _Out()
     print(f"dmlshim {__version__} doctor")

@@ -20,11 +20,13 @@ too), and :func:`fallback` counts ops that ran on the CPU instead of the device
 (``dmlshim.patches.diagnostics`` feeds it).
 
 The records belong to the installation (:class:`EventLog`, held by ``api.Shim``): they go
-with uninstall(), and a forked child starts a clean log.
+with uninstall(), a forked child starts a clean log, and with nothing installed a record goes
+nowhere.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -33,6 +35,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
+from dmlshim import current as _current
+
 log = logging.getLogger("dmlshim")
 
 TAGS = ("redirected", "emulated", "unsupported", "dropped")
@@ -40,7 +44,22 @@ TAGS = ("redirected", "emulated", "unsupported", "dropped")
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # the emulator's frames stand in for the wheel's C++: never a call site
 _EMULATOR_DIR = os.path.join(os.path.dirname(_PKG_DIR.rstrip(os.sep)), "emulated_dml") + os.sep
-_SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR,)
+
+
+def _package_dir(name: str) -> Tuple[str, ...]:
+    """The folder of the installed package ``name``, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    return (os.path.join(os.path.abspath(list(spec.submodule_search_locations)[0]), ""),)
+
+
+# Frames under these folders are dmlshim's, the emulator's, torch's or wrapt's, never the user's.
+_SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR, _EMULATOR_DIR) + _package_dir("torch") \
+    + _package_dir("wrapt")
 
 
 @dataclass
@@ -104,55 +123,30 @@ class EventLog:
         return bool(self.api_counts or self.notes or self.cpu_fallbacks or self.attention)
 
 
-# The installed session's log (api.install attaches it, uninstall detaches it). With nothing
-# installed it is a detached log that the next install replaces, so a stray record from a
-# test or a tool neither crashes nor reaches an installation. The module functions below read
-# it directly: redirected() is on every entry point's path and adds no frame.
-_log = EventLog()
-
 # what tests and tools read as module attributes (events.api_counts...): the current log's
 _LOG_ATTRIBUTES = ("api_counts", "api_tags", "tag_counts", "notes", "cpu_fallbacks")
 
 
 def __getattr__(name: str) -> object:
     if name in _LOG_ATTRIBUTES:
-        return getattr(_log, name)
+        return getattr(current_log(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def attach(log_: EventLog) -> None:
-    global _log
-    configure_prefixes()
-    _log = log_
-
-
-def detach() -> None:
-    global _log
-    _log = EventLog()
-
-
 def current_log() -> EventLog:
-    return _log
-
-
-def configure_prefixes() -> None:
-    """Frames under these folders are dmlshim's, torch's or wrapt's, never the user's."""
-    global _SKIP_PREFIXES
-    if len(_SKIP_PREFIXES) > 1:
-        return
-    import torch
-    import wrapt
-
-    _SKIP_PREFIXES = (_PKG_DIR, _EMULATOR_DIR, os.path.dirname(torch.__file__) + os.sep,
-                      os.path.dirname(wrapt.__file__) + os.sep)
+    """The installation's log; with nothing installed, an empty one that records nothing
+    anyone reads (the module functions below drop records then)."""
+    shim = _current.session
+    return shim.events if shim is not None else EventLog()
 
 
 def tracing() -> bool:
-    return _log.trace
+    shim = _current.session
+    return shim is not None and shim.events.trace
 
 
 def reset() -> None:
-    _log.reset()
+    current_log().reset()
 
 
 def _call_site() -> Tuple[str, int]:
@@ -174,7 +168,10 @@ def redirected(api: str, original: object = "", became: object = "", tag: str = 
     it turned into (a device, ``"no-op"``, ``"error"``, an emulated answer); ``arg``: the
     keyword the script passed it as, if any (``"device"``: logged as ``torch.zeros(device='cuda')``).
     """
-    records = _log
+    shim = _current.session
+    if shim is None:
+        return
+    records = shim.events
     records.api_counts[api] += 1
     records.tag_counts[tag] += 1
     records.api_tags[api] = tag
@@ -194,7 +191,9 @@ def redirected(api: str, original: object = "", became: object = "", tag: str = 
 
 
 def note(name: str, n: int = 1) -> None:
-    _log.notes[name] += n
+    shim = _current.session
+    if shim is not None:
+        shim.events.notes[name] += n
 
 
 def attention(key: str, message: str) -> None:
@@ -202,22 +201,27 @@ def attention(key: str, message: str) -> None:
 
     ``key`` deduplicates (``"optimizer.stale_params"``); the first message for a key is kept.
     """
-    records = _log
+    shim = _current.session
+    if shim is None:
+        return
+    records = shim.events
     with records.lock:
         records.attention.setdefault(key, message)
 
 
 def attention_messages() -> List[str]:
-    return list(_log.attention.values())
+    return list(current_log().attention.values())
 
 
 def fallback(op: str, n: int = 1) -> None:
     """``op`` (``"aten::lerp.Scalar_out"``) ran on the CPU instead of the device ``n`` times."""
-    _log.cpu_fallbacks[op] += n
+    shim = _current.session
+    if shim is not None:
+        shim.events.cpu_fallbacks[op] += n
 
 
 def call_sites() -> List[CallSite]:
-    return list(_log.sites.values())
+    return list(current_log().sites.values())
 
 
 def _short(value: object) -> str:
@@ -273,12 +277,12 @@ def display_path(file: str, cwd: Optional[str] = None) -> str:
 
 
 def summary_dict() -> Dict[str, object]:
-    return _log.summary_dict()
+    return current_log().summary_dict()
 
 
 def has_activity() -> bool:
     """Whether anything at all was recorded (child processes write a report only then)."""
-    return _log.has_activity()
+    return current_log().has_activity()
 
 
 def warn_at_user_site(message: str, category: type = UserWarning) -> None:
@@ -288,7 +292,6 @@ def warn_at_user_site(message: str, category: type = UserWarning) -> None:
     """
     import warnings
 
-    configure_prefixes()
     frame = sys._getframe(1)
     level = 2
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP_PREFIXES + ("<frozen",)):
@@ -305,5 +308,4 @@ def last_user_frame_info() -> Optional[Tuple[str, int]]:
 def is_user_file(filename: str) -> bool:
     """Whether a frame of ``filename`` is the user's (not dmlshim's, torch's or wrapt's): the
     same test :func:`warn_at_user_site` and call-site recording apply to live frames."""
-    configure_prefixes()
     return not filename.startswith(_SKIP_PREFIXES + ("<frozen",))

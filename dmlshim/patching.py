@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import wrapt
 
+from dmlshim import current
+
 log = logging.getLogger("dmlshim")
 
 _MISSING = object()
@@ -42,10 +44,6 @@ def _is_shim(module_name: str) -> bool:
 
 _TRUTH_PACKAGES = frozenset(("torch", "emulated_dml"))
 
-# code object of a caller -> whether it is torch's. A code object belongs to one module, so the
-# answer never changes: the frame walk happens once per calling function, not once per call
-# (torch's Optimizer.step and autograd call patched functions every step).
-TORCH_CALLERS: Dict[CodeType, bool] = {}
 
 
 def caller_module(depth: int = 1) -> str:
@@ -66,11 +64,16 @@ def caller_module(depth: int = 1) -> str:
 def called_from_torch(depth: int = 1) -> bool:
     """True when the caller is torch's own code, which must keep seeing the truth.
 
-    Hot wrappers inline the cache lookup: ``TORCH_CALLERS.get(sys._getframe(1).f_code)``, and
-    call this only on a miss.
+    The answer is kept per calling code object (``api.Shim.torch_callers``): a code object
+    belongs to one module, so it never changes, and the frame walk happens once per calling
+    function, not once per call (torch's Optimizer.step and autograd call patched functions
+    every step). Hot wrappers capture that dict at install and inline the lookup
+    (``callers.get(sys._getframe(1).f_code)``), calling this only on a miss.
     """
     frame = sys._getframe(depth + 1)
-    hit = TORCH_CALLERS.get(frame.f_code)
+    shim = current.session
+    memo: Dict[CodeType, bool] = shim.torch_callers if shim is not None else {}
+    hit = memo.get(frame.f_code)
     if hit is not None:
         return hit
     while frame is not None:
@@ -80,7 +83,7 @@ def called_from_torch(depth: int = 1) -> bool:
             continue
         # the emulator stands in for torch-directml's C++, which sees torch's truth too
         answer = name.split(".", 1)[0] in _TRUTH_PACKAGES
-        TORCH_CALLERS[frame.f_code] = answer
+        memo[frame.f_code] = answer
         return answer
     return False
 
@@ -165,16 +168,17 @@ class Patch:
         """Whether this patch changed something (an empty plan is not installed)."""
         return self._installed
 
-    def applies(self, target: Any) -> bool:  # noqa: ARG002 - overridden
-        """Whether this patch is wanted for ``target`` (a :class:`dmlshim.target.Target`)."""
+    def applies(self, caps: Any) -> bool:  # noqa: ARG002 - overridden
+        """Whether this patch is wanted on the target whose capabilities are ``caps`` (the
+        session's :class:`dmlshim.capabilities.Capabilities`; ``caps.target`` is the Target)."""
         return True
 
-    def install(self, target: Any, config: Any) -> None:
+    def install(self, caps: Any, config: Any) -> None:
         if self._installed:
             return
         self._installed = True
         try:
-            self._install(target, config)
+            self._install(caps, config)
         except BaseException:
             self.uninstall()
             raise
@@ -206,7 +210,7 @@ class Patch:
 
     # -- helpers for subclasses -------------------------------------------------------------
 
-    def _install(self, target: Any, config: Any) -> None:  # pragma: no cover - abstract
+    def _install(self, caps: Any, config: Any) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def replace(self, owner: Any, name: str, value: Any) -> Any:
@@ -274,14 +278,14 @@ class PatchSet:
     def __init__(self, patches: List[Patch]) -> None:
         self.patches = patches
 
-    def install(self, target: Any, config: Any, only: Optional[List[str]] = None) -> List[str]:
+    def install(self, caps: Any, config: Any, only: Optional[List[str]] = None) -> List[str]:
         done = []
         try:
             for patch in self.patches:
                 if only is not None and patch.name not in only:
                     continue
-                if patch.applies(target):
-                    patch.install(target, config)
+                if patch.applies(caps):
+                    patch.install(caps, config)
                     if patch.installed:
                         done.append(patch.name)
         except BaseException:

@@ -240,7 +240,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(USAGE + "\n" + config.help_text())
             return 0
         if actions["version"]:
-            from dmlshim import __version__
+            from dmlshim._version import __version__
 
             print(f"dmlshim {__version__}")
             return 0

@@ -51,7 +51,8 @@ class Target:
     """Where CUDA work goes.
 
     kind: ``dml`` (torch-directml), ``emulated-dml`` (dmlshim's emulator), ``cpu`` or ``cuda``
-    (real CUDA; ``inert`` when ``auto`` found CUDA and the shim does nothing).
+    (real CUDA; ``inert`` when ``auto`` found CUDA and the shim does nothing). Plain data: what
+    the target can do is its :mod:`dmlshim.capabilities` object's answer.
     """
 
     kind: str
@@ -63,20 +64,6 @@ class Target:
     # dml: torch_directml.has_float64_support(i) per adapter, as probed; what a target can do
     # is dmlshim.capabilities' answer (Capabilities.has_float64)
     float64: List[bool] = field(default_factory=list)
-
-    @property
-    def device_type(self) -> str:
-        return {"dml": "privateuseone", "emulated-dml": "privateuseone"}.get(self.kind, self.kind)
-
-    @property
-    def is_directml(self) -> bool:
-        """Real or emulated DirectML: the targets where Parameters get replaced on conversion."""
-        return self.kind in ("dml", "emulated-dml")
-
-    @property
-    def redirects(self) -> bool:
-        """True when CUDA devices are rewritten to something else."""
-        return self.kind != "cuda"
 
     def device_name(self, index: int) -> str:
         if index < len(self.names):
@@ -100,8 +87,6 @@ def _cpu_name() -> str:
 
 
 # -- DirectML ---------------------------------------------------------------------------------
-
-_probe: Optional[DirectMLProbe] = None
 
 # Where WSL2's GPU driver shows itself; without it Linux has no DirectML adapter. Tests point
 # DMLSHIM_DXG_PATH at a missing path to arrange "no adapter" on any machine.
@@ -160,24 +145,23 @@ def _probe_env() -> dict:
 
 
 def probe_directml(force: bool = False) -> DirectMLProbe:
-    """Whether torch_directml has a usable adapter; never crashes this process. Cached."""
-    global _probe
-    if _probe is not None and not force:
-        return _probe
+    """Whether torch_directml has a usable adapter; never crashes this process.
+
+    The answer is kept in the process's environment (:data:`PROBE_CACHE_ENV`): the one cache,
+    for this process and for its children alike."""
     cached = os.environ.get(PROBE_CACHE_ENV)
     if cached and not force:
         try:
-            _probe = DirectMLProbe(**json.loads(cached))
-            return _probe
+            return DirectMLProbe(**json.loads(cached))
         except (TypeError, ValueError):
             pass
     reason = cheap_directml_check()
     if reason is not None and not force:
-        _probe = DirectMLProbe(False, reason)
+        probe = DirectMLProbe(False, reason)
     else:
-        _probe = _probe_in_subprocess()
-    _cache(_probe)
-    return _probe
+        probe = _probe_in_subprocess()
+    _cache(probe)
+    return probe
 
 
 def _cache(probe: DirectMLProbe) -> None:
@@ -240,13 +224,11 @@ def unusable_message(probe: DirectMLProbe) -> str:
 def announce_unusable() -> None:
     """Print :func:`unusable_message` once per process tree (the probe cache carries that it
     was said, so children and the runner's script stay quiet)."""
-    global _probe
     probe = probe_directml()
     if probe.usable or not probe.present or probe.announced:
         return
     print(unusable_message(probe) + "; training on the CPU", file=sys.stderr)
-    _probe = replace(probe, announced=True)
-    _cache(_probe)
+    _cache(replace(probe, announced=True))
 
 
 def import_torch_directml():

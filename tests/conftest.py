@@ -25,9 +25,9 @@ def pytest_addoption(parser):
                           "all: both")
 
 
-# The rest tier besides tests marked slow where they are written: the longest test functions
-# of the suite (measured with --durations, all their parameters), each of whose areas keeps
-# shorter tests in the fast tier.
+# The rest tier besides tests marked slow where they are written: the longest tests of the
+# suite (measured with --durations): a function name (all its parameters) or one node id with
+# its parameters; each area keeps shorter tests (or another parameter) in the fast tier.
 SLOW_TESTS = frozenset((
     "tests/test_corpus.py::test_shim_bit_identical",
     "tests/frameworks/test_fw_timm.py::test_timm_train_and_validate",
@@ -47,11 +47,58 @@ SLOW_TESTS = frozenset((
     "tests/test_optim_emulated.py::test_emulated_lstm_load_assign_rebind_equals_right_order",
     "tests/test_check.py::test_emulator_gaps_are_named_with_op_and_line",
     "tests/test_storage_ddp.py::test_bfloat16_on_the_device_aborts_the_process",
+    "tests/frameworks/test_fw_lightning.py::test_ddp_two_devices_on_two_emulated_adapters",
+    "tests/test_amp.py::test_amp_train_unmodified_on_cpu_matches_native",
+    "tests/test_amp.py::test_fp16_models_train_on_the_device_with_zero_fallbacks",
+    "tests/test_wsl_path.py::test_wheel_folder_on_library_path_says_so_once_and_trains_on_cpu"
+    "[import]",
+    "tests/test_wsl_path.py::test_dataloader_spawn_workers_on_the_users_path_train_like_native",
+    "tests/test_wsl_path.py::test_auto_trains_on_the_adapter_like_native[cnn.py-runner]",
+    "tests/test_wsl_path.py::test_amp_script_on_the_adapter_matches_the_emulated_target",
+    "tests/test_wsl_path.py::test_lstm_trains_on_the_adapter_to_float32_precision",
+    "tests/test_oom.py::test_hf_trainer_auto_find_batch_size_settles_on_a_smaller_batch",
+    "tests/test_decompose.py::test_mixed_model_trains_on_the_device_like_the_cpu",
+    "tests/test_decompose.py::test_corpus_trains_on_the_device_like_the_cpu[transformer]",
+    "tests/test_decompose.py::test_corpus_trains_on_the_device_like_the_cpu[cnn]",
+    "tests/test_processes.py::test_every_kind_of_child_carries_the_shim[cpu-args0-kinds0-cpu]",
+    "tests/frameworks/test_fw_accelerate.py::test_accelerator_loop_fp16[cpu]",
+    "tests/frameworks/test_fw_accelerate.py::test_accelerate_launch_two_processes[cpu]",
+    "tests/frameworks/test_fw_misc.py::test_diffusers_unet_accelerate_fp16[cpu]",
+    "tests/frameworks/test_fw_misc.py::test_tensorboard_add_graph[cpu]",
+    "tests/test_check.py::test_the_gradient_alarm_names_what_a_native_run_leaves_unchanged"
+    "[check_resnet---steps-1-cpu]",
+    "tests/test_check.py::test_the_gradient_alarm_names_what_a_native_run_leaves_unchanged"
+    "[check_resnet---optimizer-adam---steps-2-cpu]",
+    "tests/test_check.py::test_the_gradient_alarm_names_what_a_native_run_leaves_unchanged"
+    "[check_lightning---detach-cpu]",
+    "tests/test_check.py::test_the_gradient_alarm_names_what_a_native_run_leaves_unchanged"
+    "[check_lightning-cpu]",
+    "tests/test_check.py::test_the_check_changes_nothing_on_the_strict_emulator"
+    "[check_resnet-2-off]",
+    "tests/test_check.py::test_the_check_changes_nothing_on_the_strict_emulator"
+    "[check_resnet-2-on]",
+    "tests/test_check.py::test_the_check_changes_nothing_on_the_strict_emulator"
+    "[check_gpt-masked_fill_-off]",
+    "tests/test_check.py::test_the_check_changes_nothing_on_the_strict_emulator"
+    "[check_gpt-masked_fill-off]",
+    "tests/test_check.py::test_no_false_positives_on_the_cpu[mlp-cpu]",
+    "tests/test_check.py::test_no_false_positives_on_the_cpu[lstm_lm-cpu]",
+    "tests/test_check.py::test_no_false_positives_on_the_cpu[cnn-cpu]",
+    "tests/frameworks/test_fw_lightning.py::test_gpu_accelerator_one_device[32-true-cpu]",
+    "tests/frameworks/test_fw_lightning.py::test_gpu_accelerator_one_device[16-mixed-cpu]",
+    "tests/frameworks/test_fw_lightning.py::test_gpu_accelerator_one_device[32-true-emulated-dml]",
+    "tests/frameworks/test_fw_transformers.py::test_trainer_on_cpu_target_equals_native_cpu"
+    "[gpt2-fp32]",
+    "tests/test_hotpath.py::test_no_more_device_launches_than_the_wheels_own_path[mlp]",
+    "tests/test_optim_emulated.py::test_emulated_tied_bounce_stalls_with_off_and_rebind_equals_native",
+    "tests/test_distributed.py::test_torchrun_ddp_written_for_nccl_on_cpu",
+    "tests/test_corpus.py::test_native_run[dataloader_workers-spawn]",
+    "tests/test_optim_stall.py::test_stall_with_off[adam-onecycle-built-after-move-bounce]",
 ))
 
 
 def _slow(item) -> bool:
-    return item.get_closest_marker("slow") is not None \
+    return item.get_closest_marker("slow") is not None or item.nodeid in SLOW_TESTS \
         or item.nodeid.split("[", 1)[0] in SLOW_TESTS
 
 

@@ -213,16 +213,19 @@ def test_float64_nothing_installed_when_the_adapter_has_float64(shim):
 
 
 def test_adapters_without_float64_follow_the_target():
-    from dmlshim import config
+    from dmlshim import capabilities, config
     from dmlshim.target import Target
+
+    def lacking(target, cfg):
+        return float64_patch.adapters_without_float64(capabilities.of(target, cfg))
 
     cfg = config.load({"device": "cpu"})
     dml = Target("dml", 2, "test", float64=[True, False])
-    assert float64_patch.adapters_without_float64(dml, cfg) == {1}
+    assert lacking(dml, cfg) == {1}
     emu_cfg = config.load({"device": "emulated-dml", "emulator_gaps": "none"})
     emu = Target("emulated-dml", 2, "test")
-    assert float64_patch.adapters_without_float64(emu, emu_cfg) == frozenset()
-    assert float64_patch.adapters_without_float64(emu, cfg) == {0, 1}  # gaps "all"
+    assert lacking(emu, emu_cfg) == frozenset()
+    assert lacking(emu, cfg) == {0, 1}  # gaps "all"
 
 
 @pytest.mark.emulator

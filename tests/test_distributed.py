@@ -40,8 +40,8 @@ def _params(stdout: str) -> dict:
 def test_actual_backend(requested, cpu, dml):
     from dmlshim.patches.distributed import actual_backend
 
-    assert actual_backend(requested, SimpleNamespace(is_directml=False)) == cpu
-    assert actual_backend(requested, SimpleNamespace(is_directml=True)) == dml
+    assert actual_backend(requested, SimpleNamespace(directml=False)) == cpu
+    assert actual_backend(requested, SimpleNamespace(directml=True)) == dml
 
 
 # -- in-process, one rank -----------------------------------------------------------------
@@ -91,7 +91,7 @@ def test_ddp_device_ids_and_set_device_on_cpu(shim, one_rank):
     assert model.weight.grad is not None
 
 
-def test_staging_group_runs_every_collective_through_the_cpu(one_rank):
+def test_staging_group_runs_every_collective_through_the_cpu(shim, one_rank):
     # Stage every tensor, CPU ones included: the staging path, without a DirectML device.
     import torch.distributed as dist
     from torch.distributed import Backend
@@ -99,7 +99,7 @@ def test_staging_group_runs_every_collective_through_the_cpu(one_rank):
     from dmlshim import events
     from dmlshim.patches.distributed import StagingProcessGroup
 
-    events.reset()
+    shim(device="cpu")  # the session whose records count the staged collectives
     staged = []
 
     def create(store, rank, size, timeout):

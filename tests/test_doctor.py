@@ -15,13 +15,10 @@ from dmlshim import config, doctor, target
 
 @pytest.fixture(autouse=True)
 def fresh_probe(monkeypatch, tmp_path):
-    """Each test probes DirectML itself (the probe is cached per process and in the env), on
-    a machine without WSL's /dev/dxg whatever machine runs it (tests/test_wsl_path.py has one)."""
-    monkeypatch.setattr(target, "_probe", None)
+    """Each test probes DirectML itself (the probe is cached in the environment), on a machine
+    without WSL's /dev/dxg whatever machine runs it (tests/test_wsl_path.py has one)."""
     monkeypatch.delenv(target.PROBE_CACHE_ENV, raising=False)
     monkeypatch.setenv(target.DXG_PATH_ENV, str(tmp_path / "no-dxg"))
-    yield
-    target._probe = None
 
 
 def run_doctor(capsys, overrides=None, environ=None):
@@ -112,7 +109,6 @@ def test_crashing_directml_is_probed_in_a_subprocess_only(capsys, tmp_path, monk
     dxg = tmp_path / "dxg"
     dxg.write_text("")
     monkeypatch.setenv(target.DXG_PATH_ENV, str(dxg))
-    monkeypatch.setattr(target, "_probe", None)
     monkeypatch.delenv(target.PROBE_CACHE_ENV)
     status, out = run_doctor(capsys, {"device": "auto"})
     assert status == 1, out

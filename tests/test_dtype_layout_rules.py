@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dmlshim import api, conversions, events
+from dmlshim import api, events
 from dmlshim.patches.bf16 import Bf16Error
 
 BF16, F16, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -93,7 +93,7 @@ def test_bf16_error_names_the_call_site_and_the_option(shim):
 
 def test_bf16_rule_only_on_directml(shim):
     shim(device="cpu")
-    assert "bf16" not in api.installed_patches() and not conversions.DTYPE_RULES
+    assert "bf16" not in api.installed_patches() and not api.session().rewriters.dtype_rules
     assert torch.randn(2).to(BF16).cuda().dtype is BF16
 
 
@@ -146,7 +146,8 @@ def test_the_cuda_like_paths_are_the_devices_patch_s_with_one_event_per_call(shi
                         (torch.Tensor, "type"), (torch.storage._StorageBase, "cuda"),
                         (torch.Tensor, "share_memory_")):
         assert (id(owner), name) in devices._keys, name
-    assert set(conversions.POLICIES) == {"Tensor.type", "Storage.cuda", "Tensor.share_memory_"}
+    rewriters = api.session().rewriters
+    assert set(rewriters.policies) == {"Tensor.type", "Storage.cuda", "Tensor.share_memory_"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         double = torch.arange(3, dtype=F64).type(torch.cuda.DoubleTensor)
@@ -172,4 +173,4 @@ def test_the_cuda_like_paths_are_the_devices_patch_s_with_one_event_per_call(shi
     assert [s.tag for s in sites if s.api == "Tensor.share_memory_"] == ["dropped"]
     assert not [s for s in sites if s.api == "Tensor.to"]  # no second event per call
     dmlshim.uninstall()
-    assert not conversions.POLICIES
+    assert not rewriters.policies  # every area took its policy back

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from helpers import clean_env, describe
 
 import dmlshim
-from dmlshim import api, config, patching
+from dmlshim import api, capabilities, config, patching
 from dmlshim.patches.guards import GUARDS, active_guards
 from dmlshim.target import Target
 
@@ -159,18 +159,18 @@ def test_which_guards_are_active():
     kernels = tuple(g for g in GUARDS if g != "bn_stats")
     dml = Target("dml", 1, "test")
     # real DirectML: every kernel guard; the BatchNorm one never (#362 is not in 0.2.5)
-    assert active_guards(dml, on) == kernels
-    assert active_guards(dml, off) == ()
+    assert active_guards(capabilities.of(dml, on), on) == kernels
+    assert active_guards(capabilities.of(dml, off), off) == ()
     emu = Target("emulated-dml", 1, "test")
-    assert active_guards(emu, on) == kernels  # they key off the target, not the gaps,
+    assert active_guards(capabilities.of(emu, on), on) == kernels  # they key off the target, not the gaps,
     # except the max-pool one: it converts the wheel's flattened indices, so it needs them
     none = config.load({"device": "cpu", "emulator_gaps": "none"})
     gapless = tuple(g for g in kernels if g != "max_pool_indices")
-    assert active_guards(emu, none) == gapless
+    assert active_guards(capabilities.of(emu, none), none) == gapless
     bn = config.load({"device": "cpu", "emulator_gaps": "fallback,bug-bn-stats"})
-    assert active_guards(emu, bn) == gapless + ("bn_stats",)
-    assert active_guards(dml, bn) == kernels
-    assert active_guards(Target("cpu", 1, "test"), on) == ()
+    assert active_guards(capabilities.of(emu, bn), bn) == gapless + ("bn_stats",)
+    assert active_guards(capabilities.of(dml, bn), bn) == kernels
+    assert active_guards(capabilities.of(Target("cpu", 1, "test"), on), on) == ()
 
 
 GUARDED_OPS = ("aten::eye.m_out", "aten::mul.Tensor", "aten::nll_loss_backward",

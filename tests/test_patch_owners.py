@@ -72,7 +72,7 @@ def test_a_patch_cannot_change_what_it_does_not_declare():
         name = "rogue"
         owns = (Owns("torch.nn.functional", ("relu",)),)
 
-        def _install(self, target, config):
+        def _install(self, caps, config):
             self.wrap(torch.nn.functional, "gelu", lambda w, i, a, k: w(*a, **k))
 
     rogue = Rogue()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmlshim import devicemap
+from dmlshim import api, capabilities, config, current, devicemap, events
 from dmlshim.target import Target
 
 CPU = torch.device("cpu")
@@ -13,12 +13,16 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def two_adapters():
-    """The rule alone, activated for a target with two (pretend) DirectML adapters."""
-    devicemap.activate(devicemap.DeviceMap(Target("dml", 2, "test")))
+    """The rule alone: a session (no patches) whose target has two (pretend) DirectML adapters."""
+    target = Target("dml", 2, "test")
+    caps = capabilities.of(target)
+    shim = api.Shim(target, config.load({}), caps, events.EventLog(),
+                    devices=devicemap.DeviceMap(caps))
+    before = current.switch(shim)
     try:
         yield
     finally:
-        devicemap.deactivate()
+        current.switch(before)
 
 
 @pytest.mark.parametrize("arg, index", [
@@ -64,7 +68,7 @@ def test_ranks_share_adapters_when_launched_per_rank(two_adapters):
 
 
 def test_inactive_rule_changes_nothing():
-    devicemap.deactivate()
+    assert current.session is None
     assert devicemap.map_device("cuda") == "cuda"
 
 

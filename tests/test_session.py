@@ -133,3 +133,83 @@ def test_a_forked_child_starts_with_an_empty_log_through_one_fork_hook():
     assert child["check_paused"]  # the check patch's after_fork stopped the shadow
     assert child["after"] == {"Tensor.cuda": 1}  # the child records its own calls
     assert result["parent"] == {"Tensor.cuda": 1}  # and the parent's are its own
+
+
+# -- install(A), uninstall(), install(B) is a fresh process with B, for every option ------------
+
+SESSION_PROBE = str(__import__("pathlib").Path(__file__).parent / "scripts" / "session_probe.py")
+EMU = {"device": "emulated-dml"}
+
+# (option, A, B): A leaves its mark on the process (rules, records, tracked optimizers, a device
+# registered, a report path), B is what the probe compares. Every option of dmlshim.config, each
+# way round where its default is one side.
+REINSTALLS = [
+    ("device", {"device": "emulated-dml:2"}, {"device": "cpu"}),
+    ("device", {"device": "cpu"}, {"device": "emulated-dml:2"}),
+    ("disable", dict(EMU, disable="0"), dict(EMU, disable="1")),
+    ("log", dict(EMU, log="debug"), EMU),
+    ("log", EMU, dict(EMU, log="info")),
+    ("optimizer", dict(EMU, optimizer="off"), dict(EMU, optimizer="reset")),
+    ("optimizer", dict(EMU, optimizer="reset"), EMU),
+    ("amp", dict(EMU, amp="fp16"), EMU),
+    ("amp", EMU, dict(EMU, amp="fp16")),
+    ("float64", dict(EMU, float64="keep"), dict(EMU, float64="float32")),
+    ("float64", dict(EMU, float64="float32"), dict(EMU, float64="keep")),
+    ("bf16", dict(EMU, bf16="error"), dict(EMU, bf16="float16")),
+    ("bf16", dict(EMU, bf16="float16"), dict(EMU, bf16="error")),
+    ("decompose", EMU, dict(EMU, decompose="off")),
+    ("decompose", dict(EMU, decompose="off"), EMU),
+    ("guards", EMU, dict(EMU, guards="off")),
+    ("guards", dict(EMU, guards="off"), EMU),
+    ("emulator_gaps", dict(EMU, emulator_gaps="none"), dict(EMU, emulator_gaps="all,bug-bn-stats")),
+    ("emulator_gaps", dict(EMU, emulator_gaps="all,bug-bn-stats"), dict(EMU, emulator_gaps="none")),
+    ("emulator_memory", dict(EMU, emulator_memory="64"), EMU),
+    ("emulator_memory", EMU, dict(EMU, emulator_memory="64")),
+    ("report", dict(EMU, report="{tmp}/a.json"), EMU),
+    ("report", EMU, dict(EMU, report="{tmp}/b.json")),
+    ("check", dict(EMU, check="2"), EMU),
+    ("check", EMU, dict(EMU, check="2")),
+]
+
+
+@pytest.fixture(scope="module")
+def probe_dir(tmp_path_factory):
+    """One folder for every probe of a worker: a report path is part of what is compared."""
+    return tmp_path_factory.mktemp("session-probe")
+
+
+_FRESH: dict = {}  # options -> a fresh process's answer (the probe is deterministic)
+
+
+def _fresh(options, tmp) -> dict:
+    key = json.dumps(options, sort_keys=True)
+    if key not in _FRESH:
+        _FRESH[key] = _probe_session(options, tmp=tmp)
+    return _FRESH[key]
+
+
+def _probe_session(*option_sets, tmp) -> dict:
+    args = [json.dumps({k: v.format(tmp=tmp) for k, v in o.items()}) for o in option_sets]
+    proc = subprocess.run([sys.executable, SESSION_PROBE, *args], capture_output=True, text=True,
+                          env=clean_env(DMLSHIM_DISABLE="1"), timeout=600, cwd=tmp)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SESSION ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("SESSION "):])
+
+
+def test_every_option_is_covered_by_the_reinstall_matrix():
+    from dmlshim import config
+
+    assert {name for name, _, _ in REINSTALLS} == {o.name for o in config.OPTIONS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option, first, then", REINSTALLS,
+                         ids=[f"{n}:{json.dumps(a, sort_keys=True)}->{json.dumps(b, sort_keys=True)}"
+                              for n, a, b in REINSTALLS])
+def test_a_reinstall_behaves_as_a_fresh_process(option, first, then, probe_dir):
+    fresh = _fresh(then, probe_dir)
+    again = _probe_session(first, then, tmp=probe_dir)
+    assert again == fresh
+    # the option really decides something the probe sees (else the comparison proves little)
+    assert _fresh(first, probe_dir) != fresh, option

@@ -185,9 +185,9 @@ def test_an_attribute_is_wrapped_once(shim):
     class Second(patching.Patch):
         name = "second"
 
-        def _install(self, target, config):
+        def _install(self, caps, config):
             self.wrap(torch.Tensor, "to", lambda wrapped, instance, args, kwargs: None)
 
     with pytest.raises(RuntimeError, match="already wrapped"):
-        Second().install(api.current_target(), None)
+        Second().install(api.session().capabilities, None)
     assert torch.ones(1).to("cuda").device.type == "cpu"  # the owner's wrapper is intact

@@ -27,10 +27,11 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MARKER = "DMLSHIM_BOOTSTRAP"
 
-# The variables the marker listed, with the values the launching process gave them (None: it
-# removed the variable); dmlshim reads its options from here (dmlshim/launch.py).
+# Set once, at startup (below): the variables the marker listed, with the values the launching
+# process gave them (None: it removed the variable), which dmlshim reads its options from
+# (dmlshim/launch.py); and whether this process started with the marker (and the hook on).
 inherited = {}
-active = False  # whether this process started with the marker (and the hook on)
+active = False
 
 
 def _unescape(text):
@@ -133,7 +134,7 @@ class TorchImportHook:
 
     def __init__(self, callback=None):
         self._finding = False
-        self._callback = callback or _install_dmlshim
+        self.callback = callback or _install_dmlshim
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch" or self._finding:
@@ -158,7 +159,7 @@ class TorchImportHook:
 
     def _torch_imported(self):
         self.remove()
-        self._callback()
+        self.callback()
 
     def remove(self):
         if self in sys.meta_path:
@@ -184,18 +185,22 @@ def _chain_shadowed_sitecustomize():
               f"{type(err).__name__}: {err}", file=sys.stderr)
 
 
-def _main():
-    global active
+def _read_marker():
+    """-> (inherited, active): the environment given back, what the launching process set."""
     marker = os.environ.get(MARKER)
-    if marker is not None and marker[:1] == "1":
-        inherited.update(undo(os.environ, marker))
-        disabled = inherited.get("DMLSHIM_DISABLE", os.environ.get("DMLSHIM_DISABLE"))
-        if not _truthy(disabled):
-            active = True
-            if "torch" in sys.modules:  # a .pth file imported it already
-                _install_dmlshim()
-            else:
-                sys.meta_path.insert(0, TorchImportHook())
+    if marker is None or marker[:1] != "1":
+        return {}, False
+    changed = undo(os.environ, marker)
+    disabled = changed.get("DMLSHIM_DISABLE", os.environ.get("DMLSHIM_DISABLE"))
+    return changed, not _truthy(disabled)
+
+
+def _start(on):
+    if on:
+        if "torch" in sys.modules:  # a .pth file imported it already
+            _install_dmlshim()
+        else:
+            sys.meta_path.insert(0, TorchImportHook())
     # This directory is on sys.path only to be found at startup.
     if _HERE in sys.path:
         sys.path.remove(_HERE)
@@ -204,4 +209,5 @@ def _main():
 
 
 if __name__ == "sitecustomize":
-    _main()
+    inherited, active = _read_marker()  # before dmlshim may read them (_start installs it)
+    _start(active)

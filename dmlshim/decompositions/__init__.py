@@ -27,35 +27,20 @@ Rules every kernel follows:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
+
+from dmlshim.decompositions.base import Decomposition, reduce_loss, write_out
+
+__all__ = ["Decomposition", "Registration", "all_decompositions", "falls_back", "register",
+           "markdown_table", "reduce_loss", "write_out"]
 
 log = logging.getLogger("dmlshim")
 
 DISPATCH_KEY = "PrivateUse1"
 _COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
                    "CompositeExplicitAutogradNonFunctional")
-
-
-@dataclass(frozen=True)
-class Decomposition:
-    """One operator computed on the device instead of torch-directml's CPU fallback."""
-
-    op: str  # schema name with overload, as torch-directml's warning names it: "aten::x.out"
-    issues: Tuple[int, ...]  # microsoft/DirectML issue numbers (empty: not reported there)
-    area: str  # the training path it sits on, for the README table
-    replaced_by: str  # what computes it instead (ops torch-directml implements)
-    kernel: Callable
-    # register when this operator falls back, rather than ``op`` itself: a ``_foreach_*``
-    # operator has a composite that loops over it (one kernel call per step, not per tensor)
-    when: str = ""
-
-    @property
-    def name(self) -> str:
-        """The name ``torch.library`` registers: ``"x.out"``."""
-        return self.op.split("::", 1)[1]
 
 
 def all_decompositions() -> Tuple[Decomposition, ...]:
@@ -166,28 +151,3 @@ def markdown_table(decompositions: Optional[Iterable[Decomposition]] = None) -> 
         issues = ", ".join(f"#{n}" for n in dec.issues) or "not reported"
         rows.append(f"| `{dec.op}` | {issues} | {dec.area} | {dec.replaced_by} |")
     return "\n".join(rows)
-
-
-def write_out(out: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``out.copy_(value)``; returns ``out``.
-
-    torch-directml cannot resize a device tensor (``resize_`` keeps the element count, its
-    ``out=`` kernels leave a wrongly sized output as it was): PyTorch's functional forms hand
-    these kernels an output of the final shape, and a caller's ``out=`` of another shape is
-    refused here with what to do, instead of the silently empty result the wheel would give.
-    """
-    if out.shape != value.shape:
-        raise RuntimeError(
-            f"dmlshim: an out= tensor of shape {list(out.shape)} for a result of shape "
-            f"{list(value.shape)} on DirectML, which cannot resize device tensors; pass an "
-            "out= tensor of the result's shape (or call the function without out=)")
-    return out.copy_(value)
-
-
-def reduce_loss(loss: torch.Tensor, reduction: int) -> torch.Tensor:
-    """at::Reduction: 0 none, 1 mean, 2 sum."""
-    if reduction == 1:
-        return loss.mean()
-    if reduction == 2:
-        return loss.sum()
-    return loss

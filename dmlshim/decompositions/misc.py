@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim.decompositions import Decomposition
+from dmlshim.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from dmlshim.decompositions import Decomposition
+from dmlshim.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 

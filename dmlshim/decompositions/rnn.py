@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from dmlshim.decompositions import Decomposition
+from dmlshim.decompositions.base import Decomposition
 from emulated_dml.formulas import fused_lstm_cell  # noqa: F401 - one definition, shared with the emulator
 
 Tensor = torch.Tensor

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from dmlshim.decompositions import Decomposition
+from dmlshim.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 

@@ -37,7 +37,7 @@ import torch
 import torch.amp.autocast_mode as _autocast_mode
 import torch.amp.grad_scaler as _grad_scaler
 
-from dmlshim import capabilities, events
+from dmlshim import events
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
@@ -102,14 +102,14 @@ def _autocast_dtypes(device_type: str, index: int = 0,
     return tuple(found)
 
 
-def make_plan(target: Any, mode: str) -> AmpPlan:
+def make_plan(caps: Any, mode: str) -> AmpPlan:
     if mode != "fp16":
         return AmpPlan(mode, None, (), "DMLSHIM_AMP=off")
-    device_type = target.device_type
+    device_type = caps.device_type
     # DirectML: dmlshim's CUDA-like kernels autocast there (float16 arithmetic itself works on
     # the device); torch's constructor says which dtypes the device module accepts.
-    dtypes = _autocast_dtypes(device_type, target.index, run_op=not target.is_directml)
-    allowed = capabilities.of(target).autocast_dtypes_allowed()  # DirectML: no bf16 (#688)
+    dtypes = _autocast_dtypes(device_type, caps.target.index, run_op=not caps.directml)
+    allowed = caps.autocast_dtypes_allowed()  # DirectML: no bf16 (#688)
     dtypes = tuple(d for d in dtypes if d in allowed)
     if torch.float16 not in dtypes:
         return AmpPlan(mode, None, (), f"torch cannot autocast to float16 on {device_type}")
@@ -153,13 +153,13 @@ class AmpPatch(Patch):
             Owns("torch.amp.autocast_mode", ("custom_fwd", "custom_bwd")),
             Owns("torch", ("clear_autocast_cache",)))
 
-    def applies(self, target) -> bool:
-        return target.redirects
+    def applies(self, caps) -> bool:
+        return caps.redirects
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         self._float32_probed: Optional[Optional[str]] = None  # None: not probed yet
-        self._device_type, self._index = target.device_type, target.index
-        if target.is_directml:
+        self._device_type, self._index = caps.device_type, caps.target.index
+        if caps.directml:
             # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's (CUDA's
             # op lists) for the session, before the plan asks what autocast does there.
             import emulated_dml.autocast_kernels as _pu1_autocast
@@ -171,7 +171,7 @@ class AmpPatch(Patch):
             self.wrap(torch, "clear_autocast_cache", _clear_autocast_cache)
             _pu1_autocast.enable_cache(True)
             self.on_undo(lambda: _pu1_autocast.enable_cache(False))
-        self.plan = plan = make_plan(target, config.amp)
+        self.plan = plan = make_plan(caps, config.amp)
         if plan.mode == "fp16":
             if plan.low_precision:
                 log.info("DMLSHIM_AMP=fp16: CUDA autocast runs as %s autocast on %s",

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from dmlshim import capabilities, conversions, events
+from dmlshim import conversions, current, events
 from dmlshim.config import Bf16Policy
 from dmlshim.patching import Patch
 
@@ -49,38 +49,43 @@ def _note(api: str, policy: Bf16Policy) -> torch.dtype:
     return new
 
 
-_policy: Optional[Bf16Policy] = None  # while installed
+def _installed_policy() -> Optional[Bf16Policy]:
+    """The policy of the installed bf16 area (None: not installed, or no policy needed)."""
+    shim = current.session
+    patch = shim.patch("bf16") if shim is not None else None
+    return getattr(patch, "policy", None)
 
 
 def autocast_dtype(api: str = "torch.autocast") -> Optional[torch.dtype]:
     """The dtype a bf16 autocast region for "cuda" runs in (raises under ``error``); None when
     this area is not installed (not a DirectML target)."""
-    if _policy is None:
+    policy = _installed_policy()
+    if policy is None:
         return None
-    if _policy is Bf16Policy.ERROR:
+    if policy is Bf16Policy.ERROR:
         _refuse(api)
-    return _note(api, _policy)
+    return _note(api, policy)
 
 
 def reports_supported() -> Optional[bool]:
     """What ``torch.cuda.is_bf16_supported()`` tells the script (None: not installed)."""
-    return None if _policy is None else _policy is not Bf16Policy.ERROR
+    policy = _installed_policy()
+    return None if policy is None else policy is not Bf16Policy.ERROR
 
 
 class Bf16Patch(Patch):
     name = "bf16"
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config: Any) -> None:
-        global _policy
+    def _install(self, caps, config: Any) -> None:
         # DMLSHIM_GUARDS=off shows the wheel as it is (a bf16 tensor aborts the process); an
         # adapter with bfloat16 (the emulator without its bfloat16 gap) needs no policy.
-        if config.guards == "off" or capabilities.of(target, config).has_bf16():
+        if config.guards == "off" or caps.has_bf16():
             return
         policy = Bf16Policy(config.bf16)
-        device_type = target.device_type
+        device_type = caps.device_type
 
         def lands_on(dev: torch.device) -> bool:
             return dev.type == device_type
@@ -92,10 +97,9 @@ class Bf16Patch(Patch):
 
         self.on_undo(conversions.add_dtype_rule(
             conversions.DtypeRule("bf16", BF16, lands_on, replace)))
-        _policy = policy
+        self.policy: Optional[Bf16Policy] = policy
 
         def forget() -> None:
-            global _policy
-            _policy = None
+            self.policy = None
 
         self.on_undo(forget)

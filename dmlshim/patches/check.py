@@ -50,10 +50,10 @@ def steps_requested(value: str) -> int:
 class CheckPatch(Patch):
     name = "check"
 
-    def applies(self, target) -> bool:
+    def applies(self, caps) -> bool:
         return True
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         self.results = results = Results()  # the installation's findings
         results.steps_requested = steps_requested(config.check)
         self._mode: Optional[ShadowMode] = None
@@ -66,7 +66,7 @@ class CheckPatch(Patch):
         self._hook: Any = register_optimizer_step_pre_hook(self._before_step)
         self.on_undo(self._remove_hook)
         if results.steps_requested:
-            self._start(target.device_type)
+            self._start(caps.device_type)
             self.on_undo(self._stop)
             self._children_off()
 

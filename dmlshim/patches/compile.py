@@ -32,10 +32,10 @@ class CompilePatch(Patch):
     name = "compile"
     owns = (Owns("torch", ("compile",)),)
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         def compile_(wrapped, instance, args, kwargs):
             model = args[0] if args else kwargs.get("model")
             if kwargs.get("disable"):

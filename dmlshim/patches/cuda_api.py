@@ -25,9 +25,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import wrapt
 
-from dmlshim import backend, conversions, devicemap, events
+from dmlshim import backend, conversions, current, devicemap, events
 from dmlshim.backend import _index
-from dmlshim.patching import TORCH_CALLERS, Owns, Patch, called_from_torch, get_original
+from dmlshim.patching import Owns, Patch, called_from_torch, get_original
 
 
 class UnsupportedCudaAPI(RuntimeError):
@@ -183,9 +183,7 @@ class StreamTable:
 
 
 def _streams() -> StreamTable:
-    from dmlshim import api
-
-    shim = api.session()
+    shim = current.session
     patch = shim.patch(CudaAPIPatch.name) if shim is not None else None
     return patch.streams if patch is not None else StreamTable()  # not installed: nothing kept
 
@@ -796,20 +794,21 @@ class CudaAPIPatch(Patch):
             Owns("torch.accelerator.memory", "*"),
             Owns("torch.backends.cudnn", ("is_available", "version")))
 
-    def applies(self, target) -> bool:
+    def applies(self, caps) -> bool:
         return True
 
-    def _install(self, target, config) -> None:
-        if not target.redirects:
+    def _install(self, caps, config) -> None:
+        if not caps.redirects:
             return  # real CUDA answers for itself: a pass-through wrapper would only cost time
         self.streams = StreamTable()
         cuda = torch.cuda
+        callers = current.session.torch_callers  # called_from_torch's memo, read inline
 
         def route(name: str, emulation: Callable[..., Any], api: str = ""):
             api = api or "torch.cuda." + name
 
             def wrapper(wrapped, instance, args, kwargs):
-                torch_caller = TORCH_CALLERS.get(sys._getframe(1).f_code)
+                torch_caller = callers.get(sys._getframe(1).f_code)
                 if torch_caller is None:
                     torch_caller = called_from_torch()
                 if torch_caller:

@@ -16,10 +16,10 @@ class DataLoaderPatch(Patch):
     name = "data"
     owns = (Owns("torch.utils.data.DataLoader", ("__init__",)),)
 
-    def applies(self, target) -> bool:
-        return target.redirects
+    def applies(self, caps) -> bool:
+        return caps.redirects
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         def init(wrapped, instance, args, kwargs):
             if kwargs.get("pin_memory"):
                 kwargs["pin_memory"] = False

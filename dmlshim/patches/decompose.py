@@ -65,10 +65,10 @@ class DecomposePatch(Patch):
     name = "decompose"
     owns = tuple(Owns(m, ("_get_foreach_kernels_supported_devices",)) for m in FOREACH_DEVICE_LISTS)
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         if config.decompose != "on":
             return
         registration = register()

@@ -4,7 +4,8 @@ A call runs the rewriters of :mod:`dmlshim.conversions` in their order (the devi
 the dtype and memory-format rules other areas register) and records one event. Never the ops
 inside a model's forward. The ``.cuda``-like paths whose meaning belongs to another area --
 ``Tensor.type`` with a legacy CUDA type, ``Storage.cuda``, ``Tensor.share_memory_`` -- are
-wrapped here too and ask that area's policy (:data:`dmlshim.conversions.POLICIES`).
+wrapped here too and ask that area's policy (the session's
+:attr:`dmlshim.conversions.Rewriters.policies`).
 
 torch's own per-step code calls factories too (autograd's ``_make_grads``: ``torch.ones_like``;
 the optimizers' ``torch.tensor(1.0, device="cpu")`` and ``zeros_like``), always with devices
@@ -26,7 +27,7 @@ import torch
 import torch.storage as _storage
 import torch.utils._device as _torch_device
 
-from dmlshim import conversions, devicemap, events
+from dmlshim import conversions, current, devicemap, events
 from dmlshim.devicemap import map_device
 from dmlshim.patches.oom import reraise as oom_reraise
 from dmlshim.patching import Owns, Patch, called_from_torch, get_original
@@ -74,8 +75,8 @@ _INFERRING = ("tensor", "as_tensor", "asarray")
 FACTORY, TENSOR_TO, NEW_METHOD, DEVICE_ONLY = "factory", "Tensor.to", "Tensor.new_*", "device"
 
 
-def _device_kwarg(api: str, position: Optional[int] = None, name: str = "",
-                  kind: str = DEVICE_ONLY):
+def _device_kwarg(rw: conversions.Rewriters, api: str, position: Optional[int] = None,
+                  name: str = "", kind: str = DEVICE_ONLY):
     """The wrapper of a call taking ``device=`` (or a device at ``position``): the device rule,
     then the dtype and memory-format rules of its ``kind`` (``name``: a factory's torch name),
     then the call's one event. One body for every such entry point, so the device rule's inline
@@ -111,7 +112,7 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = "",
                         kwargs["device"] = new
                         moved = (dev, new, "device")
                         dev = new
-            rules = conversions.DTYPE_RULES
+            rules = rw.dtype_rules
             if kind is FACTORY:
                 if rules:
                     # the dtype rules, only when the result could have one of their dtypes
@@ -128,9 +129,9 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = "",
                     else:
                         hit = torch.get_default_dtype() in rules
                     if hit:
-                        return conversions.call_factory(name, wrapped, args, kwargs, moved)
+                        return rw.call_factory(name, wrapped, args, kwargs, moved)
             elif kind is TENSOR_TO:
-                if rules or conversions.MEMORY_FORMAT_RULE is not None:
+                if rules or rw.memory_format_rule is not None:
                     hit = instance.dtype in rules or kwargs.get("dtype") in rules \
                         or kwargs.get("memory_format") is not None
                     if not hit:
@@ -140,13 +141,13 @@ def _device_kwarg(api: str, position: Optional[int] = None, name: str = "",
                                 hit = True
                                 break
                     if hit:
-                        rewritten = conversions.rewrite_to(api, instance, args, kwargs, moved)
+                        rewritten = rw.rewrite_to(api, instance, args, kwargs, moved)
                         if rewritten is not None:
                             return wrapped(*rewritten[0], **rewritten[1])
             elif kind is NEW_METHOD:
                 dtype = kwargs.get("dtype")
                 if dtype is not None and dtype in rules:
-                    new_dtype = conversions.dtype_for(
+                    new_dtype = rw.dtype_for(
                         api, dtype, dev if dev is not None else instance.device)
                     if new_dtype is not None:
                         conversions.record(api, moved, (dtype, new_dtype))
@@ -182,23 +183,23 @@ def truth_namespace(originals: Dict[str, Any]) -> types.ModuleType:
     return ns
 
 
-def _cuda_method(api: str, move: Optional[Callable[..., Any]] = None, tensor: bool = False,
-                 policy: str = ""):
+def _cuda_method(rw: conversions.Rewriters, api: str, move: Optional[Callable[..., Any]] = None,
+                 tensor: bool = False, policy: str = ""):
     """The wrapper of a ``.cuda(device=None, ...)`` method, the one place where a ``.cuda()``
     argument becomes the target device: its CUDA ordinal (none: the current device) ->
     :func:`dmlshim.devicemap.map_device` -> the call's one event -> the move.
 
     ``tensor``: ``move`` is ``Tensor.to`` (``move(t, device, dtype, non_blocking=,
     memory_format=)``), after the dtype and memory-format rules; else ``move(instance,
-    device)``, or the area policy ``policy`` of :data:`dmlshim.conversions.POLICIES` (calls go
-    to torch while no area registered one).
+    device)``, or the area policy ``policy`` of the session's rewriters (calls go to torch while
+    no area registered one).
     """
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
             carry = move
             if policy:
-                carry = conversions.POLICIES.get(policy)
+                carry = rw.policies.get(policy)
                 if carry is None:
                     return wrapped(*args, **kwargs)
             arg = args[0] if args else kwargs.get("device")
@@ -214,8 +215,9 @@ def _cuda_method(api: str, move: Optional[Callable[..., Any]] = None, tensor: bo
                 return carry(instance, dev)  # type: ignore[misc]
             dtype = instance.dtype
             memory_format = kwargs.get("memory_format", _PRESERVE)
-            if dtype in conversions.DTYPE_RULES or memory_format is not _PRESERVE:
-                dtype, memory_format = _tensor_rules(api, (shown, dev, ""), dtype, dev, memory_format)
+            if dtype in rw.dtype_rules or memory_format is not _PRESERVE:
+                dtype, memory_format = _tensor_rules(rw, api, (shown, dev, ""), dtype, dev,
+                                                     memory_format)
             else:
                 events.redirected(api, shown, dev)
             return carry(instance, dev, dtype,  # type: ignore[misc]
@@ -227,34 +229,35 @@ def _cuda_method(api: str, move: Optional[Callable[..., Any]] = None, tensor: bo
     return wrapper
 
 
-def _tensor_rules(api: str, moved: Tuple[Any, Any, str], dtype: torch.dtype, dev: torch.device,
+def _tensor_rules(rw: conversions.Rewriters, api: str, moved: Tuple[Any, Any, str],
+                  dtype: torch.dtype, dev: torch.device,
                   memory_format: Any) -> Tuple[torch.dtype, Any]:
     """The dtype and memory-format rules for a tensor of ``dtype`` entering ``dev`` (the
     device rule made ``moved``), and the call's one event: the (dtype, memory_format) to use."""
     new_dtype = dtype
-    if dtype in conversions.DTYPE_RULES:
-        new_dtype = conversions.dtype_for(api, dtype, dev) or dtype
+    if dtype in rw.dtype_rules:
+        new_dtype = rw.dtype_for(api, dtype, dev) or dtype
     dropped = None
-    if memory_format is not _PRESERVE and conversions.memory_format_for(api, memory_format, dev):
+    if memory_format is not _PRESERVE and rw.memory_format_for(api, memory_format, dev):
         dropped, memory_format = memory_format, _PRESERVE
     conversions.record(api, moved, (dtype, new_dtype) if new_dtype is not dtype else None,
                        dropped)
     return new_dtype, memory_format
 
 
-def _tensor_type(t_to: Any):
+def _tensor_type(rw: conversions.Rewriters, t_to: Any):
     """``Tensor.type``: a CUDA legacy tensor type (the ``"Tensor.type"`` policy names its dtype)
     means the current CUDA device and that dtype; any other argument is torch's."""
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
             arg = args[0] if args else kwargs.get("dtype")
-            policy = conversions.POLICIES.get("Tensor.type")
+            policy = rw.policies.get("Tensor.type")
             dtype = policy(arg) if policy is not None and arg is not None else None
             if dtype is None:
                 return wrapped(*args, **kwargs)
             dev = map_device("cuda")
-            dtype, _ = _tensor_rules("Tensor.type", (arg, dev, ""), dtype, dev, _PRESERVE)
+            dtype, _ = _tensor_rules(rw, "Tensor.type", (arg, dev, ""), dtype, dev, _PRESERVE)
             return t_to(instance, device=dev, dtype=dtype,
                         non_blocking=kwargs.get("non_blocking", False))
         except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
@@ -264,21 +267,25 @@ def _tensor_type(t_to: Any):
     return wrapper
 
 
-def _share_memory(wrapped, instance, args, kwargs):
+def _share_memory(rw: conversions.Rewriters):
     """``Tensor.share_memory_``: a no-op where the storage area's policy says the tensor's memory
     cannot be shared (a DirectML tensor), as it is for a CUDA tensor."""
-    refuses = conversions.POLICIES.get("Tensor.share_memory_")
-    if refuses is not None and refuses(instance):
-        events.redirected("Tensor.share_memory_", "share_memory_()", "no-op", tag="dropped")
-        return instance
-    return wrapped(*args, **kwargs)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        refuses = rw.policies.get("Tensor.share_memory_")
+        if refuses is not None and refuses(instance):
+            events.redirected("Tensor.share_memory_", "share_memory_()", "no-op", tag="dropped")
+            return instance
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
-def _dtype_method(api: str, dtype: torch.dtype, t_to: Any):
+def _dtype_method(rw: conversions.Rewriters, api: str, dtype: torch.dtype, t_to: Any):
     def wrapper(wrapped, instance, args, kwargs):
         try:
-            if dtype in conversions.DTYPE_RULES:
-                new = conversions.dtype_for(api, dtype, instance.device)
+            if dtype in rw.dtype_rules:
+                new = rw.dtype_for(api, dtype, instance.device)
                 if new is not None:
                     conversions.record(api, None, (dtype, new))
                     return t_to(instance, new, copy=True, **kwargs)
@@ -301,46 +308,49 @@ class DevicesPatch(Patch):
     owns += tuple(Owns(module, (name,)) for module, name, _ in _SUBMODULE_FACTORIES)
     owns += tuple(Owns(module, ("torch",)) for module in TORCH_INTERNALS)
 
-    def applies(self, target) -> bool:
-        return target.redirects  # on real CUDA every wrapper would be a pass-through
+    def applies(self, caps) -> bool:
+        return caps.redirects  # on real CUDA every wrapper would be a pass-through
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
+        # the session's rules: the wrappers read them where the areas register them
+        rw = current.session.rewriters
         t_to = get_original(torch.Tensor, "to")
-        self.wrap(torch.Tensor, "cuda", _cuda_method("Tensor.cuda", t_to, tensor=True))
+        self.wrap(torch.Tensor, "cuda", _cuda_method(rw, "Tensor.cuda", t_to, tensor=True))
         # x.type(torch.cuda.FloatTensor): legacy typed CUDA tensors (cuda_api's policy)
-        self.wrap(torch.Tensor, "type", _tensor_type(t_to))
-        self.wrap(torch.Tensor, "to", _device_kwarg("Tensor.to", position=0, kind=TENSOR_TO))
+        self.wrap(torch.Tensor, "type", _tensor_type(rw, t_to))
+        self.wrap(torch.Tensor, "to", _device_kwarg(rw, "Tensor.to", position=0, kind=TENSOR_TO))
         # Module.to/.cuda convert each tensor with Tensor.to: the dtype and memory-format rules
         # run there, once per tensor, attributed to the script's model.to() line.
         self.wrap(torch.nn.Module, "cuda",
-                  _cuda_method("Module.cuda", get_original(torch.nn.Module, "to")))
+                  _cuda_method(rw, "Module.cuda", get_original(torch.nn.Module, "to")))
         # TypedStorage.cuda delegates to its untyped storage's cuda(), so this covers both;
         # serialization's policy places the storage (inside a DirectML load: afterwards).
         self.wrap(_storage._StorageBase, "cuda",
-                  _cuda_method("Storage.cuda", policy="Storage.cuda"))
-        self.wrap(torch.nn.Module, "to", _device_kwarg("Module.to", position=0))
-        self.wrap(torch.nn.Module, "to_empty", _device_kwarg("Module.to_empty"))
+                  _cuda_method(rw, "Storage.cuda", policy="Storage.cuda"))
+        self.wrap(torch.nn.Module, "to", _device_kwarg(rw, "Module.to", position=0))
+        self.wrap(torch.nn.Module, "to_empty", _device_kwarg(rw, "Module.to_empty"))
 
         for name in factory_names():
-            self.wrap(torch, name, _device_kwarg("torch." + name, name=name))
+            self.wrap(torch, name, _device_kwarg(rw, "torch." + name, name=name))
         for name in TENSOR_NEW_METHODS:
             if hasattr(torch.Tensor, name):
-                self.wrap(torch.Tensor, name, _device_kwarg("Tensor." + name, kind=NEW_METHOD))
-        if target.is_directml:
+                self.wrap(torch.Tensor, name,
+                          _device_kwarg(rw, "Tensor." + name, kind=NEW_METHOD))
+        if caps.directml:
             # x.double() / x.bfloat16() of a device tensor (Module.double() calls them)
             for name, dtype in (("double", torch.float64), ("bfloat16", torch.bfloat16)):
-                self.wrap(torch.Tensor, name, _dtype_method("Tensor." + name, dtype, t_to))
+                self.wrap(torch.Tensor, name, _dtype_method(rw, "Tensor." + name, dtype, t_to))
         for modname, name, position in _SUBMODULE_FACTORIES:
             module = importlib.import_module(modname)
             if hasattr(module, name):
-                self.wrap(module, name, _device_kwarg(f"{modname}.{name}", position))
+                self.wrap(module, name, _device_kwarg(rw, f"{modname}.{name}", position))
 
-        if target.is_directml:
-            self.wrap(torch.Tensor, "share_memory_", _share_memory)
-        self._install_is_cuda(target)
-        self._install_generator(target)
+        if caps.directml:
+            self.wrap(torch.Tensor, "share_memory_", _share_memory(rw))
+        self._install_is_cuda(caps)
+        self._install_generator(caps)
         self._install_default_device()
-        self._install_pin_memory(target)
+        self._install_pin_memory(caps)
         self._install_truth_namespace()
 
     # -- torch's own factory calls ---------------------------------------------------------
@@ -352,8 +362,8 @@ class DevicesPatch(Patch):
                 self.replace(module, "torch", ns)
 
     # -- x.is_cuda -------------------------------------------------------------------------
-    def _install_is_cuda(self, target) -> None:
-        if not target.redirects:
+    def _install_is_cuda(self, caps) -> None:
+        if not caps.redirects:
             return
         real = torch._C.TensorBase.is_cuda  # a getset descriptor
 
@@ -365,8 +375,8 @@ class DevicesPatch(Patch):
         self.replace(torch.Tensor, "is_cuda", property(is_cuda, doc=real.__doc__))
 
     # -- torch.Generator(device=...) -------------------------------------------------------
-    def _install_generator(self, target) -> None:
-        if not target.redirects:
+    def _install_generator(self, caps) -> None:
+        if not caps.redirects:
             return
         base = torch.Generator
         # torch-directml refuses privateuseone generators (#374) and draws device random
@@ -413,8 +423,8 @@ class DevicesPatch(Patch):
         self.wrap(torch, "set_default_device", first_arg_device("torch.set_default_device"))
 
     # -- pin_memory ------------------------------------------------------------------------
-    def _install_pin_memory(self, target) -> None:
-        if not target.redirects:
+    def _install_pin_memory(self, caps) -> None:
+        if not caps.redirects:
             return
 
         def pin_memory(wrapped, instance, args, kwargs):

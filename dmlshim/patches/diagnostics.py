@@ -44,7 +44,7 @@ import time
 import warnings
 from typing import Any, Dict, List, Optional
 
-from dmlshim import capabilities, events
+from dmlshim import capabilities, current, events
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
@@ -102,18 +102,21 @@ class DiagnosticsPatch(Patch):
     name = "diagnostics"
     owns = (Owns("warnings", ("_showwarnmsg", "showwarning")), Owns("sys", ("excepthook", "exit")))
 
-    def applies(self, target) -> bool:
+    def applies(self, caps) -> bool:
         return True
 
     # -- install ----------------------------------------------------------------------------
 
-    def _install(self, target, config) -> None:
-        self._target, self._config = target, config
+    def _install(self, caps, config) -> None:
+        self._caps, self._config = caps, config
         self._started = time.time()
         self._started_mono = time.monotonic()
         self._reset_outcome()
         self._report_path = os.path.abspath(config.report) if config.report else ""
         self._owner_pid = os.getpid()
+        # the emulator counts fallbacks for the process (it is the device): this session's
+        # are those after this point
+        self._fallback_base = _exact_fallbacks(caps)
 
         # _showwarnmsg is where both warnings.warn and C code's PyErr_WarnEx end up when a
         # warning is shown; showwarning is the documented fallback (it misses nothing that a
@@ -132,6 +135,7 @@ class DiagnosticsPatch(Patch):
         """A forked child reports what it did itself, from the fork on (the session has
         emptied the event log)."""
         self._reset_outcome()
+        self._fallback_base = _exact_fallbacks(self._caps)
         self._started = time.time()
         self._started_mono = time.monotonic()
 
@@ -243,18 +247,19 @@ class DiagnosticsPatch(Patch):
 
     def report(self) -> Dict[str, Any]:
         """The report as a dict (what ``DMLSHIM_REPORT`` writes; see report_schema.json)."""
-        from dmlshim import __version__, api
+        from dmlshim._version import __version__
 
-        target, config = self._target, self._config
+        caps, config = self._caps, self._config
+        target = caps.target
         now = time.time()
         recorded = events.summary_dict()
-        fallbacks, counting = fallback_counts(capabilities.of(target, config))
+        fallbacks, counting = fallback_counts(caps, self._fallback_base)
         attention = attention_messages(recorded, fallbacks, counting)
         sections: Dict[str, Any] = {}
-        shim = api.session()
-        for patch in shim.patches.patches if shim is not None and shim.patches else ():
+        shim = current.session
+        for patch in shim.installed() if shim is not None else ():
             section_fn = getattr(patch, "report_section", None)
-            if section_fn is not None and patch.installed:
+            if section_fn is not None:
                 sections[patch.name], lines = section_fn()
                 attention.extend(lines)
         owner = os.getpid() == self._owner_pid
@@ -288,7 +293,7 @@ class DiagnosticsPatch(Patch):
             },
             "options": {name: {"value": value, "source": config.sources.get(name, "default")}
                         for name, value in config.values.items()},
-            "patches": api.installed_patches(),
+            "patches": [p.name for p in shim.installed()] if shim is not None else [],
             "outcome": {"how": self._how, "exit_code": outcome_code,
                         "exception": self._exception},
             "calls": {
@@ -303,7 +308,7 @@ class DiagnosticsPatch(Patch):
                 "counting": counting,
                 "ops": dict(sorted(fallbacks.items(), key=lambda kv: (-kv[1], kv[0]))),
                 "total": sum(fallbacks.values()),
-                **fallback_bytes(counting),
+                **fallback_bytes(counting, self._fallback_base),
             },
             "attention": attention,
             **sections,
@@ -344,21 +349,34 @@ def _directml_version() -> Optional[str]:
         return None
 
 
-def fallback_counts(caps: capabilities.Capabilities) -> tuple:
-    """({op: count}, counting) — exact counts where the target keeps them (the emulator), else
-    the warnings seen."""
+def _exact_fallbacks(caps: capabilities.Capabilities) -> Any:
+    """(counts, bytes) of the CPU fallbacks so far, where the target counts them exactly (the
+    emulator), else None."""
     try:
         exact = caps.exact_fallback_counts()
+        if exact is None:
+            return None
+        import emulated_dml as emulator
+
+        return dict(exact), dict(emulator.fallback_bytes())
     except (ImportError, AttributeError):
-        exact = None
-    if exact is not None:
-        ops = {_op_name(op): int(n) for op, n in dict(exact).items() if n}
-        return ops, "exact"
+        return None
+
+
+def fallback_counts(caps: capabilities.Capabilities, base: Any = None) -> tuple:
+    """({op: count}, counting) — exact counts where the target keeps them (the emulator; those
+    after ``base``, an earlier :func:`_exact_fallbacks`), else the warnings seen."""
+    now = _exact_fallbacks(caps)
+    if now is not None:
+        before = base[0] if base is not None else {}
+        ops = {_op_name(op): int(n) - int(before.get(op, 0)) for op, n in now[0].items()}
+        return {op: n for op, n in ops.items() if n > 0}, "exact"
     return dict(events.cpu_fallbacks), "warnings"
 
 
-def fallback_bytes(counting: str) -> Dict[str, Any]:
-    """``{"bytes": {op: {"to_host": n, "to_device": n}}}`` where the emulator counted exactly."""
+def fallback_bytes(counting: str, base: Any = None) -> Dict[str, Any]:
+    """``{"bytes": {op: {"to_host": n, "to_device": n}}}`` where the emulator counted exactly
+    (after ``base``)."""
     if counting != "exact":
         return {}
     try:
@@ -367,8 +385,13 @@ def fallback_bytes(counting: str) -> Dict[str, Any]:
         moved = emulator.fallback_bytes()
     except (ImportError, AttributeError):
         return {}
-    return {"bytes": {_op_name(op): {"to_host": int(a), "to_device": int(b)}
-                      for op, (a, b) in sorted(moved.items())}}
+    before = base[1] if base is not None else {}
+    out = {}
+    for op, (a, b) in sorted(moved.items()):
+        a0, b0 = before.get(op, (0, 0))
+        if a - a0 or b - b0:
+            out[_op_name(op)] = {"to_host": int(a - a0), "to_device": int(b - b0)}
+    return {"bytes": out}
 
 
 def _op_name(op: str) -> str:

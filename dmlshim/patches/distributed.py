@@ -50,8 +50,6 @@ _OUTPUT_FIRST = {
 }
 _INPUT_ONLY = {"send"}
 
-# process group -> the backend string the script asked for (what dist.get_backend answers it)
-_requested: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 # -- which backend does the work ----------------------------------------------------------
@@ -63,8 +61,9 @@ def requested_name(backend: Any) -> str:
     return str(dist.Backend(str(backend)))
 
 
-def actual_backend(backend: Any, target) -> Any:
-    """The backend that runs ``backend`` (as a CUDA script asked for it) on ``target``.
+def actual_backend(backend: Any, caps) -> Any:
+    """The backend that runs ``backend`` (as a CUDA script asked for it) on the target of
+    ``caps``.
 
     ``nccl``, ``gloo``, unset and ``device:backend`` lists made of those become ``gloo`` on the
     CPU and the staging group on DirectML. Anything else (mpi, ucc, a custom plugin) is left to
@@ -77,7 +76,7 @@ def actual_backend(backend: Any, target) -> Any:
         names = {text}
     if not names or not names <= set(_CUDA_BACKENDS):
         return backend
-    return STAGING_BACKEND if target.is_directml else "gloo"
+    return STAGING_BACKEND if caps.directml else "gloo"
 
 
 def _cuda_device_arg(value: Any) -> bool:
@@ -234,18 +233,21 @@ class DistributedPatch(Patch):
             Owns("torch.nn.parallel.DistributedDataParallel", ("__init__",)),
             Owns("torch.nn.DataParallel", ("__init__",)))
 
-    def applies(self, target) -> bool:
-        return target.redirects and dist.is_available()
+    def applies(self, caps) -> bool:
+        return caps.redirects and dist.is_available()
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         import torch.distributed.distributed_c10d as c10d
 
-        if target.is_directml:
+        # process group -> the backend string the script asked for (what dist.get_backend
+        # answers it), for this installation's groups
+        self._requested: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        if caps.directml:
             self._register_staging_backend()
-        self._install_init(target, c10d)
+        self._install_init(caps, c10d)
         self._install_answers(c10d)
-        self._install_ddp(target, config)
-        if target.is_directml:
+        self._install_ddp(caps, config)
+        if caps.directml:
             self._install_data_parallel()
 
     # -- Backend.register_backend, undone at uninstall ---------------------------------------
@@ -277,11 +279,12 @@ class DistributedPatch(Patch):
         self.on_undo(undo)
 
     # -- init_process_group / new_group -----------------------------------------------------
-    def _install_init(self, target, c10d) -> None:
+    def _install_init(self, caps, c10d) -> None:
+        requested_of = self._requested
         def init_process_group(wrapped, instance, args, kwargs):
             args = list(args)
             requested = args[0] if args else kwargs.get("backend")
-            actual = actual_backend(requested, target)
+            actual = actual_backend(requested, caps)
             if args:
                 args[0] = actual
             else:
@@ -296,7 +299,7 @@ class DistributedPatch(Patch):
             # several processes: `cuda:{rank}` must find an adapter even with fewer adapters
             devicemap.set_wrap_ordinals(True)
             result = wrapped(*args, **kwargs)
-            _requested[c10d._get_default_group()] = requested_name(requested)
+            requested_of[c10d._get_default_group()] = requested_name(requested)
             return result
 
         def new_group(wrapped, instance, args, kwargs):
@@ -304,18 +307,18 @@ class DistributedPatch(Patch):
             if len(args) >= 3:
                 requested = args[2]
             if requested is not None:
-                actual = actual_backend(requested, target)
+                actual = actual_backend(requested, caps)
                 if len(args) >= 3:
                     args = args[:2] + (actual,) + args[3:]
                 else:
                     kwargs["backend"] = actual
                 shown: Optional[str] = requested_name(requested)
             else:  # the default group's backend, as the script was told it
-                shown = _requested.get(c10d._get_default_group()) if c10d.is_initialized() \
+                shown = requested_of.get(c10d._get_default_group()) if c10d.is_initialized() \
                     else None
             group = wrapped(*args, **kwargs)
             if shown is not None and isinstance(group, dist.ProcessGroup):
-                _requested[group] = shown
+                requested_of[group] = shown
             return group
 
         for owner in (dist, c10d):
@@ -324,6 +327,8 @@ class DistributedPatch(Patch):
 
     # -- what the script is told --------------------------------------------------------------
     def _install_answers(self, c10d) -> None:
+        requested_of = self._requested
+
         def get_backend(wrapped, instance, args, kwargs):
             real = wrapped(*args, **kwargs)
             if called_from_torch():
@@ -331,7 +336,7 @@ class DistributedPatch(Patch):
             group = args[0] if args else kwargs.get("group")
             if group is None:
                 group = c10d._get_default_group()
-            answer = _requested.get(group)
+            answer = requested_of.get(group)
             return dist.Backend(answer) if answer is not None else real
 
         def nccl_available(wrapped, instance, args, kwargs):
@@ -352,12 +357,12 @@ class DistributedPatch(Patch):
                 self.wrap(owner, "is_backend_available", backend_available)
 
     # -- DistributedDataParallel(device_ids=[local_rank], output_device=local_rank) ----------
-    def _install_ddp(self, target, config) -> None:
+    def _install_ddp(self, caps, config) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
         # DirectML tensors have no storage, which DDP's Reducer reads (fact 8): there the
         # script gets DeviceDistributedDataParallel, unless DMLSHIM_GUARDS=off asks for torch's.
-        device_ddp = target.is_directml and config.guards == "on"
+        device_ddp = caps.directml and config.guards == "on"
 
         def ddp_init(wrapped, instance, args, kwargs):
             # On a CUDA machine device_ids names the one GPU of this process; everywhere else
@@ -382,7 +387,7 @@ class DistributedPatch(Patch):
                         kwargs[key] = None
                     events.redirected(f"DistributedDataParallel({key})", value, None, tag="dropped")
             module = args[0] if args else kwargs.get("module")
-            if device_ddp and _on_device(module, target):
+            if device_ddp and _on_device(module, caps):
                 from dmlshim.patches._ddp_device import DeviceDistributedDataParallel
 
                 instance.__class__ = DeviceDistributedDataParallel
@@ -399,11 +404,11 @@ class DistributedPatch(Patch):
         self.wrap(torch.nn.DataParallel, "__init__", _data_parallel_init)
 
 
-def _on_device(module: Any, target) -> bool:
+def _on_device(module: Any, caps) -> bool:
     """Whether ``module``'s parameters are on the target's DirectML device type."""
     if not isinstance(module, torch.nn.Module):
         return False
-    return any(p.device.type == target.device_type for p in module.parameters())
+    return any(p.device.type == caps.device_type for p in module.parameters())
 
 
 def _data_parallel_init(wrapped, instance, args, kwargs):

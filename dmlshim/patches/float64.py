@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dmlshim import capabilities, conversions, devicemap, events
+from dmlshim import conversions, devicemap, events
 from dmlshim.config import Float64Policy
 from dmlshim.patching import Patch
 
@@ -27,20 +27,19 @@ F64 = torch.float64
 F32 = torch.float32
 
 
-def adapters_without_float64(target: Any, config: Any) -> frozenset:
+def adapters_without_float64(caps: Any) -> frozenset:
     """Indices of the target's adapters that have no float64."""
-    caps = capabilities.of(target, config)
-    return frozenset(i for i in range(target.count) if not caps.has_float64(i))
+    return frozenset(i for i in range(caps.target.count) if not caps.has_float64(i))
 
 
 class Float64Patch(Patch):
     name = "float64"
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
-        lacking = adapters_without_float64(target, config)
+    def _install(self, caps, config) -> None:
+        lacking = adapters_without_float64(caps)
         if not lacking:
             return
         policy = Float64Policy(config.float64)
@@ -48,7 +47,7 @@ class Float64Patch(Patch):
             log.info("adapter(s) %s have no float64; DMLSHIM_FLOAT64=keep: double tensors fail "
                      "there (DMLSHIM_FLOAT64=float32 downcasts them)", sorted(lacking))
             return
-        device_type = target.device_type
+        device_type = caps.device_type
 
         def lands_on(dev: torch.device) -> bool:
             if dev.type != device_type:

@@ -127,7 +127,7 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
     if aliased and (reduction != 0 or op is _NLL_OUT):
         # the ignored targets read as class C, ignore_index C: the wheel's kernel ignores a
         # non-negative index right, and its result is the CPU kernel's, bit for bit
-        events._log.notes["guard.nll"] += 1
+        events.note("guard.nll")
         target = torch.where(torch.eq(target, ignore_index), classes, target)  # 2 launches
         ignore_index, aliased = classes, False
     if not aliased and (reduction != 0 or op is _NLL_OUT):
@@ -137,7 +137,7 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
                   total_weight=aten.empty.memory_format((), dtype=self.dtype,
                                                         device=self.device))
     # (aten overloads and where() only: no device-rule wrapper, no mul guard, one frame)
-    events._log.notes["guard.nll"] += 1
+    events.note("guard.nll")
     x = self.unsqueeze(0) if self.dim() == 1 else self
     t = target.unsqueeze(0) if self.dim() == 1 else target
     ignored = torch.eq(t, ignore_index)
@@ -165,7 +165,7 @@ def _nll_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Opt
     classes = self.shape[1] if self.dim() > 1 else self.shape[0]
     aliased = ignore_index < 0 and ignore_index + classes >= 0  # as in the forward
     if reduction != 0 and aliased:
-        events._log.notes["guard.nll"] += 1
+        events.note("guard.nll")
         target = torch.where(torch.eq(target, ignore_index), classes, target)  # 2 launches
         ignore_index, aliased = classes, False
     if reduction != 0 and not aliased:
@@ -174,7 +174,7 @@ def _nll_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Opt
                   # structured functional form's at::empty output shows)
                   grad_input=aten.empty.memory_format(self.shape, dtype=self.dtype,
                                                       device=self.device))
-    events._log.notes["guard.nll_none" if reduction == 0 else "guard.nll"] += 1
+    events.note("guard.nll_none" if reduction == 0 else "guard.nll")
     x = self.unsqueeze(0) if self.dim() == 1 else self
     t = target.unsqueeze(0) if self.dim() == 1 else target
     g = grad_output.unsqueeze(0) if self.dim() == 1 and reduction == 0 else grad_output
@@ -221,11 +221,10 @@ def _check_mask(mask: Tensor) -> None:
 
 # Registering masked_fill_ replaces the wheel's own kernel, so the fill is the wheel's
 # where.self_out written into self: one launch, as the wheel's masked_fill_ is. Its 0-dim fill
-# tensor is kept per (value, dtype, device): after the first call, no allocation either.
+# tensor is kept per (value, dtype, device): after the first call, no allocation either (and
+# no Python frame: lru_cache's hit path is C). The guards area clears it at uninstall.
 _where = torch._C._VariableFunctions.where
 _full = torch._C._VariableFunctions.full
-_FILLS: dict = {}
-_FILLS_MAX = 256
 _inference = torch.is_inference_mode_enabled
 
 
@@ -249,13 +248,16 @@ def masked_fill__scalar(self: Tensor, mask: Tensor, value) -> Tensor:
     if ms != ss and (len(ms) > len(ss) or ms != ss[len(ss) - len(ms):]):
         _check_shape(self, mask)  # a mask broadcast with size-1 dims (or a wrong one)
     # an inference tensor and a normal one are not interchangeable on the wheel
-    key = (value, value.__class__, self.dtype, self.device, _inference())
-    fill = _FILLS.get(key)
-    if fill is None:
-        if len(_FILLS) >= _FILLS_MAX:
-            _FILLS.clear()
-        fill = _FILLS[key] = _full((), value, dtype=self.dtype, device=self.device)
+    fill = fill_tensor(value, value.__class__, self.dtype, self.device, _inference())
     return _where(mask, fill, self, out=self)
+
+
+@functools.lru_cache(maxsize=256)
+def fill_tensor(value, kind: type, dtype: torch.dtype, device: torch.device,
+                inference: bool) -> Tensor:
+    """The 0-dim ``value`` on ``device`` (``kind``: its class, as 1, 1.0 and True are equal
+    keys; ``inference``: made in inference mode or not, which the wheel tells apart)."""
+    return _full((), value, dtype=dtype, device=device)
 
 
 def masked_fill__tensor(self: Tensor, mask: Tensor, value: Tensor) -> Tensor:

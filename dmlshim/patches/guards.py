@@ -26,7 +26,8 @@ from typing import Any, Dict, Tuple
 import torch
 import torch.nn.functional as F
 
-from dmlshim import capabilities, events
+from dmlshim import events
+from dmlshim.patches import guard_kernels
 from dmlshim.patches.guard_kernels import KERNEL_GUARDS
 from dmlshim.patching import Owns, Patch
 
@@ -40,10 +41,10 @@ _BN_PARAMS = ("input", "running_mean", "running_var", "weight", "bias", "trainin
               "eps")
 
 
-def active_guards(target: Any, config: Any) -> Tuple[str, ...]:
+def active_guards(caps: Any, config: Any) -> Tuple[str, ...]:
     if config.guards != "on":
         return ()
-    bugs = capabilities.of(target, config).known_bugs()
+    bugs = caps.known_bugs()
     return tuple(name for name in GUARDS if name in bugs)
 
 
@@ -57,11 +58,11 @@ class GuardsPatch(Patch):
     name = "guards"
     owns = (Owns("torch.nn.functional", ("batch_norm",)),)
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
-        self.active = active = active_guards(target, config)
+    def _install(self, caps, config) -> None:
+        self.active = active = active_guards(caps, config)
         for name in active:
             log.info("guard %s on (%s)", name, GUARDS[name])
         kernels = [(op, fn) for name in active if name in KERNEL_GUARDS
@@ -69,11 +70,13 @@ class GuardsPatch(Patch):
         if kernels:
             self._register(kernels)
         if "bn_stats" in active:
-            self.wrap(F, "batch_norm", _bn_guard(target.device_type))
+            self.wrap(F, "batch_norm", _bn_guard(caps.device_type))
 
     def _register(self, kernels) -> None:
         lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed on uninstall
         self.on_undo(lib._destroy)  # (private on torch 2.4.1 and 2.13 alike)
+        # masked_fill_'s 0-dim fills are device tensors of this installation
+        self.on_undo(guard_kernels.fill_tensor.cache_clear)
         with warnings.catch_warnings():
             # replacing the wheel's own kernel is the point: no "Overriding a previously
             # registered kernel" warning for the user

@@ -27,47 +27,50 @@ import torch
 from dmlshim import events
 from dmlshim.patching import Owns, Patch, ThreadStack, called_from_torch
 
-_MODES = ThreadStack()  # the modes of the emulated regions open in this thread, innermost last
 
+def _wrappers(modes: ThreadStack):
+    """``__enter__``/``__exit__``/``is_inference_mode_enabled`` over ``modes``: the modes of the
+    emulated regions open in each thread, innermost last (the installation's)."""
 
-def _enter(wrapped, instance, args, kwargs):
-    mode = bool(getattr(instance, "mode", True))
-    # One instance may be entered again while open (a decorated function calling itself).
-    saved = instance.__dict__.setdefault("_dmlshim_grad_enabled", [])
-    saved.append(torch.is_grad_enabled())
-    torch._C._set_grad_enabled(not mode)
-    _MODES.push(mode)
-    events.redirected("torch.inference_mode", f"inference_mode({mode})",
-                      "no_grad()" if mode else "enable_grad()", tag="emulated")
+    def enter(wrapped, instance, args, kwargs):
+        mode = bool(getattr(instance, "mode", True))
+        # One instance may be entered again while open (a decorated function calling itself).
+        saved = instance.__dict__.setdefault("_dmlshim_grad_enabled", [])
+        saved.append(torch.is_grad_enabled())
+        torch._C._set_grad_enabled(not mode)
+        modes.push(mode)
+        events.redirected("torch.inference_mode", f"inference_mode({mode})",
+                          "no_grad()" if mode else "enable_grad()", tag="emulated")
 
+    def exit_(wrapped, instance, args, kwargs):
+        saved = instance.__dict__.get("_dmlshim_grad_enabled")
+        if not saved:  # entered before the shim was installed: torch's own context is open
+            return wrapped(*args, **kwargs)
+        torch._C._set_grad_enabled(saved.pop())
+        modes.pop()
+        return None
 
-def _exit(wrapped, instance, args, kwargs):
-    saved = instance.__dict__.get("_dmlshim_grad_enabled")
-    if not saved:  # entered before the shim was installed: torch's own context is open
-        return wrapped(*args, **kwargs)
-    torch._C._set_grad_enabled(saved.pop())
-    _MODES.pop()
-    return None
+    def is_enabled(wrapped, instance, args, kwargs):
+        real = wrapped(*args, **kwargs)
+        if real or called_from_torch():
+            return real
+        return bool(modes.top)
 
-
-def _is_enabled(wrapped, instance, args, kwargs):
-    real = wrapped(*args, **kwargs)
-    if real or called_from_torch():
-        return real
-    return bool(_MODES.top)
+    return enter, exit_, is_enabled
 
 
 class InferenceModePatch(Patch):
     name = "inference"
     owns = (Owns("torch.inference_mode", ("__enter__", "__exit__")), Owns("torch", ("is_inference_mode_enabled",)))
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         if config.guards != "on":
             return
         cls = torch.autograd.grad_mode.inference_mode
-        self.wrap(cls, "__enter__", _enter)
-        self.wrap(cls, "__exit__", _exit)
-        self.wrap(torch, "is_inference_mode_enabled", _is_enabled)
+        enter, exit_, is_enabled = _wrappers(ThreadStack())
+        self.wrap(cls, "__enter__", enter)
+        self.wrap(cls, "__exit__", exit_)
+        self.wrap(torch, "is_inference_mode_enabled", is_enabled)

@@ -22,13 +22,13 @@ from dmlshim.patching import Patch
 class LayoutPatch(Patch):
     name = "layout"
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config: Any) -> None:
+    def _install(self, caps, config: Any) -> None:
         if config.guards != "on":
             return
-        device_type = target.device_type
+        device_type = caps.device_type
 
         def lands_on(dev: torch.device) -> bool:
             return dev.type == device_type

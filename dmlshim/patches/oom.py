@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from dmlshim import capabilities
 from dmlshim.patching import Owns, Patch, is_patched, when_imported
 
 log = logging.getLogger("dmlshim")
@@ -110,11 +109,11 @@ class OutOfMemoryPatch(Patch):
     name = "oom"
     owns = tuple(Owns(module, (attr,)) for module, attr in FRAMEWORK_PREDICATES)
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
-        caps = capabilities.of(target, config)
+    def _install(self, caps, config) -> None:
+        caps = caps
         mib = config.emulator_memory
         if mib:
             caps.limit_memory(int(mib) * 2**20)

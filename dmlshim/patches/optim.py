@@ -93,12 +93,12 @@ class OptimizerRebindPatch(Patch):
             Owns("torch.optim.lr_scheduler.ReduceLROnPlateau", ("__init__", "step")),
             Owns("torch.utils.data.DataLoader", ("__iter__",)))
 
-    def applies(self, target) -> bool:
+    def applies(self, caps) -> bool:
         # Parameters get replaced wherever a PrivateUse1 backend, the overwrite flag or
         # assign=True is involved, so every target that is not inert gets the hooks.
         return True
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         policy = OptimizerPolicy(config.optimizer)
         converting = ThreadStack()  # ids of the modules being converted (outermost call's)
         loading, training, scheduler_init_running = Reentry(), Reentry(), Reentry()
@@ -221,16 +221,16 @@ class OptimizerRebindPatch(Patch):
 
         tracked.discover_existing()
         sync_scheduler_hooks()
-        self._install_capture_check(target)
+        self._install_capture_check(caps)
 
-    def _install_capture_check(self, target) -> None:
+    def _install_capture_check(self, caps) -> None:
         """torch asks ``torch.accelerator`` (>= 2.6) or ``torch.cuda`` (2.4) in every
         ``Optimizer.step`` whether a CUDA/XPU graph is being captured. On a target that
         redirects CUDA, torch's own answer is known at install: the accelerator torch sees is
         not CUDA/XPU (or there is none), and the check returns. So the check becomes a C-level
         no-op (``NoneType()``) instead of wrapper frames per step deciding the caller is torch."""
         cls = torch.optim.Optimizer
-        if not target.redirects:
+        if not caps.redirects:
             return
         if "_accelerator_graph_capture_health_check" in vars(cls):
             name = "_accelerator_graph_capture_health_check"

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from dmlshim import capabilities, events
+from dmlshim import events
 from dmlshim.patching import Owns, Patch
 
 FLAGS = ("fused", "capturable")
@@ -48,17 +48,17 @@ class OptimFlagsPatch(Patch):
     name = "optim_flags"
     owns = (Owns("torch.optim.Optimizer", ("__init__",), subclasses=True),)
 
-    def applies(self, target) -> bool:
-        return target.redirects
+    def applies(self, caps) -> bool:
+        return caps.redirects
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         drop = {"capturable"}
-        if not capabilities.of(target, config).has_fused_optimizers():
+        if not caps.has_fused_optimizers():
             drop.add("fused")
         for cls, flags in optimizer_classes():
             dropped = tuple(f for f in flags if f in drop)
             if dropped:
-                self.wrap(cls, "__init__", _dropper(cls, dropped, target.kind))
+                self.wrap(cls, "__init__", _dropper(cls, dropped, caps.kind))
 
 
 def _positions(cls: type, flags: Tuple[str, ...]) -> Dict[str, Optional[int]]:

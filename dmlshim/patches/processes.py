@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from dmlshim import capabilities, devicemap, events
+from dmlshim import current, devicemap, events
 from dmlshim.childenv import ChildEnvironment
 from dmlshim.patching import Owns, Patch
 
@@ -38,7 +38,7 @@ log = logging.getLogger("dmlshim")
 WRAP_ORDINALS_ENV = devicemap.WRAP_ORDINALS_ENV
 
 
-def child_environment(config, target=None) -> ChildEnvironment:
+def child_environment(config) -> ChildEnvironment:
     """What a child needs to carry the shim with ``config``'s options."""
     # DMLSHIM_REPORT too: the diagnostics patch makes children write report.<pid>.json.
     values: Dict[str, Optional[str]] = dict(config.as_env())
@@ -57,14 +57,12 @@ class ProcessesPatch(Patch):
             Owns("torch.multiprocessing.spawn", ("start_processes",)),
             Owns("torch.multiprocessing", ("start_processes",)))
 
-    def applies(self, target) -> bool:
-        return target.redirects
+    def applies(self, caps) -> bool:
+        return caps.redirects
 
-    def _install(self, target, config) -> None:
-        from dmlshim import api
-
-        shim = api.session()
-        export = child_environment(config, target)
+    def _install(self, caps, config) -> None:
+        shim = current.session
+        export = child_environment(config)
         export.apply()
         if shim is not None:
             shim.child_environment = export  # the session owns what its children inherit
@@ -76,9 +74,9 @@ class ProcessesPatch(Patch):
 
         self.on_undo(restore)
         self._install_spawn_launcher()
-        if target.is_directml:
+        if caps.directml:
             self._copy_warned = False
-            self._install_tensor_reducers(target, config)
+            self._install_tensor_reducers(caps)
             self.wrap(torch.nn.Module, "share_memory", _share_memory)
 
     # -- torch.multiprocessing.spawn / start_processes -------------------------------------
@@ -111,11 +109,11 @@ class ProcessesPatch(Patch):
             self.wrap(torch.multiprocessing, "start_processes", start_processes)
 
     # -- DirectML tensors sent to another process -----------------------------------------
-    def _install_tensor_reducers(self, target, config) -> None:
+    def _install_tensor_reducers(self, caps) -> None:
         # ForkingPickler picks a reducer by exact type: torch registers torch.Tensor and
         # nn.Parameter; the emulator's tensors have a class of their own.
         classes = {torch.Tensor, torch.nn.Parameter}
-        if capabilities.of(target, config).emulated:
+        if caps.emulated:
             classes.add(type(torch.empty(0, device=devicemap.device_for(None))))
         table = ForkingPickler._extra_reducers
         for cls in classes:
@@ -141,9 +139,10 @@ def _is_target_tensor(t: Any) -> bool:
 def _rebuild_device_tensor(host: torch.Tensor, index: int, requires_grad: bool,
                            is_param: bool) -> torch.Tensor:
     """Receiving side: the host copy, moved to the same adapter in this process."""
-    target = devicemap.target()
-    if target is not None and target.is_directml:
-        device = torch.device(target.device_type, index)
+    shim = current.session
+    caps = shim.capabilities if shim is not None else None
+    if caps is not None and caps.directml:
+        device = torch.device(caps.device_type, index)
     else:  # a receiver without the shim (DMLSHIM_DISABLE=1): the data, on the CPU
         device = torch.device("cpu")
     with torch.no_grad():

@@ -45,12 +45,6 @@ log = logging.getLogger("dmlshim")
 # unique: the registry is a sorted list of (priority, tagger, deserializer) tuples.
 REGISTRY_PRIORITY = 15
 
-# while a torch.load runs in this thread: where its storages go on DirectML (storage _cdata ->
-# device; they are moved after unpickling), and the location rewrites it saw (one event each)
-_DEST = ThreadStack()
-_SEEN = ThreadStack()
-
-
 def _device_index(location: str) -> Optional[int]:
     _, _, idx = location.partition(":")
     return int(idx) if idx.isdigit() else None
@@ -79,17 +73,21 @@ class SerializationPatch(Patch):
     name = "serialization"
     owns = (Owns("torch", ("load", "save")), Owns("torch.serialization", ("load", "save")))
 
-    def applies(self, target) -> bool:
-        return target.redirects
+    def applies(self, caps) -> bool:
+        return caps.redirects
 
-    def _install(self, target, config) -> None:
-        self.directml = target.is_directml
-        self.device_type = target.device_type
+    def _install(self, caps, config) -> None:
+        self.directml = caps.directml
+        self.device_type = caps.device_type
         self._register_location_handler()
         for owner in (torch, _ser):
             self.wrap(owner, "load", self._load)
         # devices.py wraps Storage.cuda (``lambda s, loc: s.cuda(0)`` map_locations call it)
-        self.on_undo(conversions.add_policy("Storage.cuda", place_storage))
+        # while a torch.load runs in a thread: where its storages go on DirectML (storage
+        # _cdata -> device; they are moved after unpickling), and the location rewrites it saw
+        # (one event each)
+        self._dest, self._seen = ThreadStack(), ThreadStack()
+        self.on_undo(conversions.add_policy("Storage.cuda", self.place_storage))
         if self.directml:
             for owner in (torch, _ser):
                 self.wrap(owner, "save", self._save)
@@ -123,8 +121,8 @@ class SerializationPatch(Patch):
             dev = self.target_device(location)
             if dev is None:
                 return None
-            _note_location(location, dev)
-            return place_storage(obj, dev)
+            self._note_location(location, dev)
+            return self.place_storage(obj, dev)
 
         entry = (REGISTRY_PRIORITY, tagger, deserializer)
         registry = _ser._package_registry
@@ -153,7 +151,7 @@ class SerializationPatch(Patch):
         f = args[0] if args else kwargs.get("f")
         seen: set = set()
         try:
-            with _SEEN.pushed(seen):
+            with self._seen.pushed(seen):
                 if not self.directml or _is_safetensors(f):
                     args, kwargs = _with_ml(args, kwargs, where, new_ml)
                     return wrapped(*args, **kwargs)
@@ -162,7 +160,7 @@ class SerializationPatch(Patch):
                 dest: Dict[int, torch.device] = {}
                 restore = self._host_restore(new_ml, dest)
                 args, kwargs = _with_ml(args, kwargs, where, restore)
-                with _DEST.pushed(dest):
+                with self._dest.pushed(dest):
                     result = wrapped(*args, **kwargs)
                 return _Mover(dest).move(result) if dest else result
         finally:
@@ -176,7 +174,7 @@ class SerializationPatch(Patch):
             dev = self.target_device(location)
             if dev is None:
                 return _ser.default_restore_location(storage, location)
-            _note_location(location, dev)
+            self._note_location(location, dev)
             storage = _untyped(storage)
             if dev.type != "cpu":
                 dest[storage._cdata] = dev
@@ -197,6 +195,25 @@ class SerializationPatch(Patch):
 
         return call_user
 
+    # -- Storage.cuda inside and outside a load ---------------------------------------------
+    def place_storage(self, storage: Any, dev: torch.device) -> Any:
+        """``Storage.cuda``'s policy (devices.py wraps it and maps the device): ``storage`` on
+        ``dev``; inside a DirectML load, the host storage, noted to be moved after unpickling."""
+        dest = self._dest.top
+        if dest is not None and dev.type != "cpu":
+            storage = _untyped(storage)
+            dest[storage._cdata] = dev
+            return storage
+        return storage_to_device(storage, dev)
+
+    def _note_location(self, location: str, dev: torch.device) -> None:
+        """Record a rewritten location once per torch.load call (per storage outside one)."""
+        seen = self._seen.top
+        if seen is None:
+            events.redirected("torch.load", location, dev)
+        else:
+            seen.add((location, str(dev)))
+
     # -- torch.save ------------------------------------------------------------------------
     def _save(self, wrapped, instance, args, kwargs):
         if len(args) >= 3:
@@ -207,26 +224,6 @@ class SerializationPatch(Patch):
             module = kwargs.get("pickle_module", pickle)
             kwargs = dict(kwargs, pickle_module=_portable_pickle_module(module, self.device_type))
         return wrapped(*args, **kwargs)
-
-
-def place_storage(storage: Any, dev: torch.device) -> Any:
-    """``Storage.cuda``'s policy (devices.py wraps it and maps the device): ``storage`` on
-    ``dev``; inside a DirectML load, the host storage, noted to be moved after unpickling."""
-    dest = _DEST.top
-    if dest is not None and dev.type != "cpu":
-        storage = _untyped(storage)
-        dest[storage._cdata] = dev
-        return storage
-    return storage_to_device(storage, dev)
-
-
-def _note_location(location: str, dev: torch.device) -> None:
-    """Record a rewritten location once per torch.load call (per storage outside one)."""
-    seen = _SEEN.top
-    if seen is None:
-        events.redirected("torch.load", location, dev)
-    else:
-        seen.add((location, str(dev)))
 
 
 def _is_safetensors(f: Any) -> bool:

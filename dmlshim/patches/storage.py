@@ -42,11 +42,11 @@ class DeviceStoragePatch(Patch):
     name = "storage"
     owns = (Owns("torch.Tensor", ("is_shared",)),)
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
-        refuses = refuses_sharing(target.device_type)
+    def _install(self, caps, config) -> None:
+        refuses = refuses_sharing(caps.device_type)
         self.on_undo(conversions.add_policy("Tensor.share_memory_", refuses))
 
         def is_shared(wrapped, instance, args, kwargs):

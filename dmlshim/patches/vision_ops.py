@@ -33,10 +33,10 @@ def _below_autograd(op_name: str):
 class VisionOpsPatch(Patch):
     name = "vision_ops"
 
-    def applies(self, target) -> bool:
-        return target.is_directml
+    def applies(self, caps) -> bool:
+        return caps.directml
 
-    def _install(self, target, config) -> None:
+    def _install(self, caps, config) -> None:
         self._lib: Optional[torch.library.Library] = None
         self.on_undo(self._remove)  # also arms the import hook: this patch waits for torchvision
         when_imported("torchvision", self._register)

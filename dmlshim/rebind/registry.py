@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from dmlshim import current as current_session
 from dmlshim import events
 
 Optimizer = torch.optim.Optimizer
@@ -149,8 +150,6 @@ def _any_optimizer_created() -> bool:
 def current() -> Registry:
     """The installation's registry (``api.Shim.rebind``); an empty throwaway one when nothing
     is installed, so nothing outlives uninstall()."""
-    from dmlshim import api
-
-    shim = api.session()
+    shim = current_session.session
     found = shim.rebind if shim is not None else None
     return found if found is not None else Registry()
