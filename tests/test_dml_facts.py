@@ -533,7 +533,7 @@ def test_channels_last_is_refused_on_to_like_the_wheel(emu):
 _REGISTRATIONS = r"""
 import json, warnings
 import torch, torch_directml
-from dmlshim import config
+from dmlshim import capabilities, config
 from dmlshim.patches.guard_kernels import KERNEL_GUARDS
 from dmlshim.patches.guards import GuardsPatch
 from dmlshim.target import Target
@@ -550,7 +550,8 @@ before = table()
 patch = GuardsPatch()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    patch.install(Target("dml", 1, "test"), config.load({"device": "cpu"}, environ={}))
+    cfg = config.load({"device": "cpu"}, environ={})
+    patch.install(capabilities.of(Target("dml", 1, "test"), cfg), cfg)
 during = table()
 patch.uninstall()
 print("GUARDS " + json.dumps({"before": before, "during": during, "after": table(),
