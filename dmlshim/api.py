@@ -299,9 +299,7 @@ def current_target() -> Optional[Target]:
 
 def installed_patches() -> List[str]:
     shim = current.session
-    if shim is None or shim.patches is None:
-        return []
-    return [p.name for p in shim.patches.patches if p.installed]
+    return [p.name for p in shim.installed()] if shim is not None else []
 
 
 __all__ = ["PERMANENT", "Shim", "session", "install", "uninstall", "is_installed",

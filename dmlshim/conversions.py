@@ -183,7 +183,8 @@ class Rewriters:
 
         return remove
 
-    def dtype_for(self, api: str, dtype: Optional[torch.dtype], dev: Any) -> Optional[torch.dtype]:
+    def dtype_for(self, api: str, dtype: Optional[torch.dtype],
+                  dev: Any) -> Optional[torch.dtype]:
         """The dtype rule's answer for a tensor of ``dtype`` entering ``dev``: the new dtype, or
         None when nothing changes."""
         rule = self.dtype_rules.get(dtype)  # type: ignore[arg-type]
@@ -229,9 +230,9 @@ class Rewriters:
 
     def call_factory(self, name: str, wrapped: Callable[..., Any], args: tuple, kwargs: dict,
                      moved: Optional[Tuple[Any, Any, str]] = None) -> Any:
-        """A factory call whose result may have a dtype of :attr:`dtype_rules` (the device rule has
-        already run; ``moved``: what it changed): the rule decides, and the call's one event is
-        recorded; the call is made as it is otherwise."""
+        """A factory call whose result may have a dtype of :attr:`dtype_rules` (the device
+        rule has already run; ``moved``: what it changed): the rule decides, and the call's one
+        event is recorded; the call is made as it is otherwise."""
         api = "torch." + name
         infers = name in _INFERRING
         likes = name.endswith("_like")
@@ -252,7 +253,9 @@ class Rewriters:
                 dtype = getattr(args[0], "dtype", None) if args else None
             new = self.dtype_for(api, dtype, dev)
             _record_factory(api, moved, dtype, new)
-            return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
+            if new is None:
+                return wrapped(*args, **kwargs)
+            return wrapped(*args, **dict(kwargs, dtype=new))
         if infers:
             return self._inferred(wrapped, api, args, kwargs, dev, moved)
         # the default dtype has a rule: learn the result dtype on the meta device (no data)
@@ -265,10 +268,12 @@ class Rewriters:
             return wrapped(*args, **kwargs)
         new = self.dtype_for(api, getattr(probe, "dtype", None), dev)
         _record_factory(api, moved, getattr(probe, "dtype", None), new)
-        return wrapped(*args, **kwargs) if new is None else wrapped(*args, **dict(kwargs, dtype=new))
+        if new is None:
+            return wrapped(*args, **kwargs)
+        return wrapped(*args, **dict(kwargs, dtype=new))
 
-    def _inferred(self, wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict, dev: Any,
-                  moved: Any = None) -> Any:
+    def _inferred(self, wrapped: Callable[..., Any], api: str, args: tuple, kwargs: dict,
+                  dev: Any, moved: Any = None) -> Any:
         """torch.tensor/as_tensor/asarray without dtype: the data decides; build on the host."""
         device = as_device(dev)
         data = args[0] if args else kwargs.get("data", kwargs.get("obj"))

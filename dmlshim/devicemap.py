@@ -37,12 +37,11 @@ class DeviceMap:
     def __init__(self, capabilities: Any) -> None:
         target: Target = capabilities.target
         self.target = target
-        self.redirects = bool(capabilities.redirects)
         self.current = target.index  # the ordinal "cuda" (no index) means: set_device's choice
         # the CPU is one device whatever ordinal the script names
         self.one_device = bool(capabilities.redirects_to_cpu)
         device_type = capabilities.device_type
-        if not self.redirects:
+        if not capabilities.redirects:
             self.devices: List[torch.device] = []  # real CUDA: nothing is rewritten
         elif self.one_device:
             self.devices = [torch.device(device_type)]
@@ -64,7 +63,7 @@ class DeviceMap:
         return index
 
     def check(self, index: int) -> None:
-        if not self.redirects:
+        if not self.devices:  # real CUDA: nothing is rewritten
             return
         if self.one_device or self.wrap_ordinals:
             if index < 0:

@@ -45,7 +45,6 @@ def _is_shim(module_name: str) -> bool:
 _TRUTH_PACKAGES = frozenset(("torch", "emulated_dml"))
 
 
-
 def caller_module(depth: int = 1) -> str:
     """``__name__`` of the module that called the function calling this one.
 

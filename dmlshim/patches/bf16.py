@@ -49,27 +49,19 @@ def _note(api: str, policy: Bf16Policy) -> torch.dtype:
     return new
 
 
-def _installed_policy() -> Optional[Bf16Policy]:
-    """The policy of the installed bf16 area (None: not installed, or no policy needed)."""
-    shim = current.session
-    patch = shim.patch("bf16") if shim is not None else None
-    return getattr(patch, "policy", None)
-
-
 def autocast_dtype(api: str = "torch.autocast") -> Optional[torch.dtype]:
-    """The dtype a bf16 autocast region for "cuda" runs in (raises under ``error``); None when
-    this area is not installed (not a DirectML target)."""
-    policy = _installed_policy()
-    if policy is None:
-        return None
-    if policy is Bf16Policy.ERROR:
-        _refuse(api)
-    return _note(api, policy)
+    """The dtype a bf16 autocast region for "cuda" runs in (raises under ``error``): the answer
+    of the bf16 rule this area registered; None when there is none (not a DirectML target)."""
+    shim = current.session
+    rule = shim.rewriters.dtype_rules.get(BF16) if shim is not None else None
+    return rule.replace(api) if rule is not None else None
 
 
 def reports_supported() -> Optional[bool]:
     """What ``torch.cuda.is_bf16_supported()`` tells the script (None: not installed)."""
-    policy = _installed_policy()
+    shim = current.session
+    patch = shim.patch("bf16") if shim is not None else None
+    policy = getattr(patch, "policy", None)
     return None if policy is None else policy is not Bf16Policy.ERROR
 
 
@@ -97,9 +89,4 @@ class Bf16Patch(Patch):
 
         self.on_undo(conversions.add_dtype_rule(
             conversions.DtypeRule("bf16", BF16, lands_on, replace)))
-        self.policy: Optional[Bf16Policy] = policy
-
-        def forget() -> None:
-            self.policy = None
-
-        self.on_undo(forget)
+        self.policy: Optional[Bf16Policy] = policy  # (read while the session is in force)

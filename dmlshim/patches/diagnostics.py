@@ -253,7 +253,7 @@ class DiagnosticsPatch(Patch):
         target = caps.target
         now = time.time()
         recorded = events.summary_dict()
-        fallbacks, counting = fallback_counts(caps, self._fallback_base)
+        fallbacks, counting, moved = fallback_counts(caps, self._fallback_base)
         attention = attention_messages(recorded, fallbacks, counting)
         sections: Dict[str, Any] = {}
         shim = current.session
@@ -308,7 +308,7 @@ class DiagnosticsPatch(Patch):
                 "counting": counting,
                 "ops": dict(sorted(fallbacks.items(), key=lambda kv: (-kv[1], kv[0]))),
                 "total": sum(fallbacks.values()),
-                **fallback_bytes(counting, self._fallback_base),
+                **({"bytes": moved} if moved is not None else {}),
             },
             "attention": attention,
             **sections,
@@ -364,34 +364,21 @@ def _exact_fallbacks(caps: capabilities.Capabilities) -> Any:
 
 
 def fallback_counts(caps: capabilities.Capabilities, base: Any = None) -> tuple:
-    """({op: count}, counting) — exact counts where the target keeps them (the emulator; those
-    after ``base``, an earlier :func:`_exact_fallbacks`), else the warnings seen."""
+    """({op: count}, counting, bytes) — exact counts where the target keeps them (the emulator;
+    those after ``base``, an earlier :func:`_exact_fallbacks`) with the bytes they copied
+    (``{op: {"to_host": n, "to_device": n}}``), else the warnings seen and None."""
     now = _exact_fallbacks(caps)
-    if now is not None:
-        before = base[0] if base is not None else {}
-        ops = {_op_name(op): int(n) - int(before.get(op, 0)) for op, n in now[0].items()}
-        return {op: n for op, n in ops.items() if n > 0}, "exact"
-    return dict(events.cpu_fallbacks), "warnings"
-
-
-def fallback_bytes(counting: str, base: Any = None) -> Dict[str, Any]:
-    """``{"bytes": {op: {"to_host": n, "to_device": n}}}`` where the emulator counted exactly
-    (after ``base``)."""
-    if counting != "exact":
-        return {}
-    try:
-        import emulated_dml as emulator
-
-        moved = emulator.fallback_bytes()
-    except (ImportError, AttributeError):
-        return {}
-    before = base[1] if base is not None else {}
-    out = {}
+    if now is None:
+        return dict(events.cpu_fallbacks), "warnings", None
+    counts, moved = now
+    before_counts, before_moved = base if base is not None else ({}, {})
+    ops = {_op_name(op): int(n) - int(before_counts.get(op, 0)) for op, n in counts.items()}
+    copied = {}
     for op, (a, b) in sorted(moved.items()):
-        a0, b0 = before.get(op, (0, 0))
+        a0, b0 = before_moved.get(op, (0, 0))
         if a - a0 or b - b0:
-            out[_op_name(op)] = {"to_host": int(a - a0), "to_device": int(b - b0)}
-    return {"bytes": out}
+            copied[_op_name(op)] = {"to_host": int(a - a0), "to_device": int(b - b0)}
+    return {op: n for op, n in ops.items() if n > 0}, "exact", copied
 
 
 def _op_name(op: str) -> str:

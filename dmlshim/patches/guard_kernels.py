@@ -505,7 +505,6 @@ def native_layer_norm_backward(grad_out: Tensor, input: Tensor,  # noqa: A002 - 
     return grad_input, grad_weight, grad_bias
 
 
-# guard name -> (issues, what it fixes, {aten overload: kernel})
 # -- logsumexp: PyTorch's composite hands sum.out an empty result, which the wheel's out=
 # kernels do not resize (facts file: add(out=empty(0)) comes back empty), then adds the
 # maxima into it: "The size of tensor a (0) must match ...". The same formula from functional
@@ -526,6 +525,7 @@ def logsumexp(self: Tensor, dim, keepdim: bool = False) -> Tensor:
     return out if keepdim else out.squeeze(dims)
 
 
+# guard name -> (issues, what it fixes, {aten overload: kernel})
 KERNEL_GUARDS = {
     "eye": ("microsoft/DirectML#431", "torch.eye on the device comes back empty",
             {"eye": eye, "eye.m": eye_m, "eye.out": eye_out, "eye.m_out": eye_m_out}),
