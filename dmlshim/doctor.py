@@ -26,6 +26,7 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from dmlshim import config as cfgmod
+from dmlshim import doctor_step
 from dmlshim import target as targetmod
 
 OK, FAILED = 0, 1
@@ -87,9 +88,21 @@ def _capabilities(tgt: targetmod.Target, cfg: cfgmod.Config):
     return capabilities.of(tgt, cfg)
 
 
-def _float64_line(tgt: targetmod.Target, cfg: cfgmod.Config, out: _Out) -> str:
+def _float64_line(tgt: targetmod.Target, cfg: cfgmod.Config, out: _Out,
+                  step: Optional[doctor_step.StepResult] = None) -> str:
+    """The float64 row: what the target says, and what a float64 op on ``cuda`` did in the
+    step's process (``step``), where it ran."""
     caps = _capabilities(tgt, cfg)
     missing = [i for i in range(tgt.count) if not caps.has_float64(i)]
+    summary = caps.float64_summary()
+    checked = step.float64 if step is not None else ""
+    if checked and not missing and checked != "float64":
+        # torch_directml.has_float64_support() says yes on adapters where float64 ops raise
+        out.problems.append(f"float64: the target says {summary}, but a float64 op on "
+                            f"{step.device or 'cuda'} gave {checked}; scripts that use double "
+                            "tensors fail there: make them float32 (x.float()) and report "
+                            "this output to dmlshim")
+        return f"no ({checked}; the target said {summary})"
     if missing and cfg.float64 == "keep":
         out.notes.append(f"adapter(s) {missing} lack float64: scripts that use double "
                          "tensors fail there (DMLSHIM_FLOAT64=keep); DMLSHIM_FLOAT64=auto "
@@ -98,7 +111,11 @@ def _float64_line(tgt: targetmod.Target, cfg: cfgmod.Config, out: _Out) -> str:
         out.notes.append(f"adapter(s) {missing} lack float64: double tensors are made "
                          f"float32 as they enter them (DMLSHIM_FLOAT64={cfg.float64}; "
                          "DMLSHIM_FLOAT64=float32 does the same, keep lets them fail)")
-    return caps.float64_summary()
+    if checked == "float64":
+        return f"{summary}; a float64 op ran on {step.device}"
+    if checked == "float32":
+        return f"{summary}; a float64 tensor made on cuda became float32"
+    return summary + (f"; a float64 op on cuda gave {checked}" if checked else "")
 
 
 def _describe(tgt: targetmod.Target) -> str:
@@ -124,27 +141,56 @@ def native_backend_note(adapter_names: Sequence[str]) -> Optional[str]:
     return None
 
 
-def _smoke_test(cfg: cfgmod.Config) -> Optional[str]:
-    """Install the shim, run a few ops on ``cuda``, uninstall; the error text, or None."""
-    from dmlshim import api
+_SWITCHES = (("dmlshim/patches/guard", "guards"), ("dmlshim/decompositions/", "decompose"),
+             ("dmlshim/patches/amp", "amp"))
 
-    quiet = cfgmod.Config({**cfg.values, "log": "warning", "report": ""}, dict(cfg.sources))
-    try:
-        api.install(_config=quiet)
-        import torch
 
-        x = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
-        w = torch.ones(3, 2, device="cuda")
-        got = (x @ w).sum().cpu().item()
-        if got != 30.0:
-            return f"a 2x3 @ 3x2 matmul on {x.device} gave {got}, expected 30.0"
-        if not torch.cuda.is_available():
-            return "torch.cuda.is_available() is False for the script under the shim"
-        return None
-    except Exception as err:  # report, do not crash: this is the diagnosis
-        return f"{type(err).__name__}: {err}"
-    finally:
-        api.uninstall()
+def _step_row(step: doctor_step.StepResult) -> str:
+    if step.ok:
+        return (f"ok on {step.device}: conv2d, batch_norm (training mode), cross_entropy, "
+                f"backward, AdamW match the CPU within {doctor_step.RTOL:g} "
+                f"(largest difference {step.largest:.1g})")
+    if step.error:
+        return f"FAILED: {step.failed}: {step.error}"
+    first = step.mismatches[0]
+    return f"FAILED: differs from the CPU: {first.text()}"
+
+
+def _step_problem(step: doctor_step.StepResult, tgt: targetmod.Target,
+                  cfg: cfgmod.Config) -> str:
+    """The problem line of a failed step: what failed, and what to do."""
+    where = f"on {step.device}" if step.device else f"on {_describe(tgt)}"
+    if step.error:
+        what = f"the training step failed {where} in {step.failed}: {step.error}"
+        if step.shim_site:
+            what += f" (in {step.shim_site})"
+    else:
+        others = ", ".join(m.what for m in step.mismatches[1:4])
+        more = len(step.mismatches) - 4
+        what = (f"the training step {where} differs from the CPU's (pointing at "
+                f"{step.failed}): {step.mismatches[0].text()}"
+                + (f"; also {others}" if others else "") + (f" and {more} more" if more > 0
+                                                            else ""))
+    # Which dmlshim option is at fault: the one owning the frame that raised, else those that
+    # make the step right when flipped (guards and decompositions; tried only on a failure).
+    # An exception raised outside dmlshim's frames is the wheel's or the adapter's.
+    culprit = next((opt for prefix, opt in _SWITCHES if step.shim_site.startswith(prefix)), "")
+    flips = [(culprit, "off")] if culprit else [] if step.error and not step.crashed else [
+        (o, "off" if cfg.values[o] == "on" else "on") for o in ("guards", "decompose")]
+    for n in range(1, len(flips) + 1):
+        values = {**cfg.values, **dict(flips[:n])}
+        if doctor_step.run(cfgmod.Config(values)).ok:
+            flags = " ".join(f"DMLSHIM_{o.upper()}={v}" for o, v in flips[:n])
+            return (f"{what}; with {flags} the step trains right: run scripts with {flags}"
+                    + (" and report this output to dmlshim (a dmlshim kernel is at fault)"
+                       if "=off" in flags else ""))
+    if tgt.kind == "emulated-dml":
+        return (f"{what}; the emulated adapter reproduces a torch-directml bug that the options "
+                f"in force do not work around (DMLSHIM_EMULATOR_GAPS={cfg.emulator_gaps})")
+    if tgt.kind != "dml":
+        return f"{what}; this is a dmlshim or torch bug: report this output to dmlshim"
+    return (f"{what}; this adapter's DirectML does not train right: update the GPU driver "
+            "(and torch-directml), or train on the CPU meanwhile (DMLSHIM_DEVICE=cpu)")
 
 
 def main(cfg: cfgmod.Config) -> int:
@@ -198,24 +244,26 @@ def main(cfg: cfgmod.Config) -> int:
         tgt = targetmod.resolve(cfg.device, announce=False)
         if cfg.device != "auto":
             out.row("DMLSHIM_DEVICE", f"{cfg.device} -> {_describe(tgt)}")
-        out.row("float64", _float64_line(tgt, cfg, out))
     except targetmod.TargetError as err:
         out.row("DMLSHIM_DEVICE", f"{cfg.device} -> cannot be used")
         out.problems.append(str(err).replace("dmlshim: ", "", 1))
     problem = _capabilities(tgt, cfg).load_problem() if tgt is not None else None
     if problem is not None:
         out.problems.append(f"DMLSHIM_DEVICE={cfg.device} but {problem}")
+    step = None
+    if tgt is not None and not tgt.inert and not cfg.disabled and not out.problems:
+        step = doctor_step.run(cfg)  # a training step on cuda, in a child process
+    if tgt is not None:
+        out.row("float64", _float64_line(tgt, cfg, out, step))
 
     if cfg.disabled:
         out.notes.append("DMLSHIM_DISABLE=1: dmlshim does nothing; CUDA scripts run unchanged")
-    elif tgt is not None and not out.problems:
-        if tgt.inert:
-            out.notes.append("real CUDA is present: dmlshim stays inert and scripts use it")
-        else:
-            error = _smoke_test(cfg)
-            out.row("tensor ops", "ok" if error is None else "FAILED")
-            if error is not None:
-                out.problems.append(f"tensor ops on 'cuda' failed under the shim: {error}")
+    elif tgt is not None and tgt.inert:
+        out.notes.append("real CUDA is present: dmlshim stays inert and scripts use it")
+    elif step is not None:
+        out.row("training step", _step_row(step))
+        if not step.ok:
+            out.problems.insert(0, _step_problem(step, tgt, cfg))
 
     out.section("options (value, where it came from)")
     for opt in cfgmod.OPTIONS:

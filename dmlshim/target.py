@@ -61,8 +61,8 @@ class Target:
     index: int = 0  # the adapter `cuda` (no index) means at start
     inert: bool = False
     names: List[str] = field(default_factory=list)
-    # dml: torch_directml.has_float64_support(i) per adapter, as probed; what a target can do
-    # is dmlshim.capabilities' answer (Capabilities.has_float64)
+    # dml: torch_directml.has_float64_support(i) and a float64 op worked, per adapter, as
+    # probed; what a target can do is dmlshim.capabilities' answer (Capabilities.has_float64)
     float64: List[bool] = field(default_factory=list)
 
     def device_name(self, index: int) -> str:
@@ -124,14 +124,25 @@ def cheap_directml_check() -> Optional[str]:
 
 
 # The wheel's device_name(i) ends with a NUL character: the names are kept without it.
+# has_float64_support(i) says True on adapters where every float64 op raises (the software
+# D3D12 adapter): float64 counts only once a float64 op gave the right answer there, checked
+# after the adapter line is out (a crash then leaves float64 unconfirmed, i.e. False).
 _PROBE_CODE = r"""
 import json, sys
 import torch_directml as d
 n = d.device_count()
+claimed = [bool(d.has_float64_support(i)) for i in range(n)]
 out = {"count": n, "names": [d.device_name(i).rstrip("\0") for i in range(n)],
-       "float64": [bool(d.has_float64_support(i)) for i in range(n)],
-       "version": getattr(d, "__version__", None)}
-print("DMLSHIM_PROBE " + json.dumps(out))
+       "float64": claimed, "version": getattr(d, "__version__", None)}
+print("DMLSHIM_PROBE " + json.dumps(out), flush=True)
+import torch
+def works(i):
+    try:
+        x = torch.arange(6, dtype=torch.float64, device=d.device(i))
+        return (x * 0.5 + 1).sum().item() == 13.5
+    except Exception:
+        return False
+print("DMLSHIM_PROBE float64 " + json.dumps([c and works(i) for i, c in enumerate(claimed)]))
 """
 
 
@@ -183,9 +194,13 @@ def _probe_in_subprocess() -> DirectMLProbe:
     except OSError as err:
         return DirectMLProbe(False, f"torch_directml probe could not start: {err}",
                              present=present)
-    for line in proc.stdout.splitlines():
-        if line.startswith("DMLSHIM_PROBE "):
+    lines = proc.stdout.splitlines()
+    checked = [json.loads(line.split(" ", 2)[2]) for line in lines
+               if line.startswith("DMLSHIM_PROBE float64 ")]
+    for line in lines:
+        if line.startswith("DMLSHIM_PROBE {"):
             data = json.loads(line[len("DMLSHIM_PROBE "):])
+            data["float64"] = checked[0] if checked else [False] * len(data["float64"])
             if data["count"] < 1:
                 return DirectMLProbe(False, "torch_directml found no adapter",
                                      version=data["version"], present=present)

@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import clean_env, describe
 
-from dmlshim import config, doctor, target
+from dmlshim import config, doctor, doctor_step, target
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +19,13 @@ def fresh_probe(monkeypatch, tmp_path):
     without WSL's /dev/dxg whatever machine runs it (tests/test_wsl_path.py has one)."""
     monkeypatch.delenv(target.PROBE_CACHE_ENV, raising=False)
     monkeypatch.setenv(target.DXG_PATH_ENV, str(tmp_path / "no-dxg"))
+
+
+@pytest.fixture
+def no_step(monkeypatch):
+    """For tests of the other rows: the training step (a child process, seconds) answers ok."""
+    monkeypatch.setattr(doctor_step, "run", lambda cfg: doctor_step.StepResult(
+        True, device="cpu", float64="float64"))
 
 
 def run_doctor(capsys, overrides=None, environ=None):
@@ -43,7 +50,7 @@ def test_cpu_setup_can_run(capsys):
     status, out = run_doctor(capsys, {"device": "cpu"}, environ={"DMLSHIM_LOG": "info"})
     assert status == 0, out
     for label in ("OS:", "Python:", "torch:", "torch_directml:", "usable:", "auto picks:",
-                  "float64:", "tensor ops:"):
+                  "float64:", "training step:"):
         assert re.search(rf"^  {re.escape(label)} +\S", out, re.M), (label, out)
     import torch
 
@@ -52,7 +59,10 @@ def test_cpu_setup_can_run(capsys):
         assert "torch_directml:  not installed" in out
     else:  # CI's torch 2.4.1 lane has the wheel (and no driver)
         assert re.search(r"^  torch_directml:  0\.2\.5", out, re.M), out
-    assert "  tensor ops:      ok" in out
+    assert re.search(r"^  training step:   ok on cpu: conv2d, batch_norm \(training mode\), "
+                     r"cross_entropy, backward, AdamW match the CPU within 0\.002 \(largest "
+                     r"difference \S+\)$", out, re.M), out
+    assert "  float64:         yes; a float64 op ran on cpu\n" in out
     assert "auto picks:      cpu (" in out and "no DirectML" in out
     assert out.rstrip().splitlines()[-1].startswith("result: ok: CUDA scripts will run on cpu")
     rows = option_rows(out)
@@ -70,7 +80,7 @@ def test_requested_directml_without_adapter_fails_with_the_reason(capsys):
     assert problem == ["problem: DMLSHIM_DEVICE=dml but no DirectML adapter is usable: "
                        f"{target.probe_directml().reason}; use DMLSHIM_DEVICE=auto or cpu"]
     assert out.rstrip().splitlines()[-1].startswith("result: this setup cannot run")
-    assert "tensor ops:" not in out  # nothing to try
+    assert "training step:" not in out  # nothing to try
 
 
 def test_the_doctor_leaves_the_process_as_it_found_it(capsys):
@@ -86,7 +96,7 @@ def test_the_doctor_leaves_the_process_as_it_found_it(capsys):
     assert "torch_directml" not in sys.modules
 
 
-def test_crashing_directml_is_probed_in_a_subprocess_only(capsys, tmp_path, monkeypatch):
+def test_crashing_directml_is_probed_in_a_subprocess_only(capsys, tmp_path, monkeypatch, no_step):
     # A torch_directml that kills the process on import, like the real one on plain Linux
     # (segfault in dml::HardwareAdapter::Enumerate). The doctor must survive and say why.
     pkg = tmp_path / "torch_directml"
@@ -122,7 +132,7 @@ def test_crashing_directml_is_probed_in_a_subprocess_only(capsys, tmp_path, monk
     assert out.rstrip().splitlines()[-1].startswith("result: this setup cannot run")
 
 
-def test_directml_version_pin_mismatch_is_noted(capsys, monkeypatch):
+def test_directml_version_pin_mismatch_is_noted(capsys, monkeypatch, no_step):
     import torch
 
     pinned = "2.4.1" if not torch.__version__.startswith("2.4.1") else "2.3.1"  # never installed
@@ -151,8 +161,9 @@ def test_emulated_directml(capsys):
     status, out = run_doctor(capsys, {"device": "emulated-dml:2"})
     assert status == 0, out
     assert "DMLSHIM_DEVICE:  emulated-dml:2 -> emulated-dml (" in out
-    assert "  tensor ops:      ok" in out
-    assert "float64:         no (" in out
+    assert "  training step:   ok on privateuseone:0: conv2d, " in out
+    assert "  float64:         no (the emulator reproduces adapters without float64: emulator " \
+           "gap 'float64'); a float64 tensor made on cuda became float32\n" in out
 
 
 def test_cli_exit_status(tmp_path):
@@ -188,7 +199,7 @@ def test_native_backend_note_names_the_way_out(name, backend):
         assert note is not None and "Intel Arc GPU: PyTorch's upstream XPU build" in note
 
 
-def test_doctor_prints_one_info_line_for_a_faked_adapter(capsys, monkeypatch):
+def test_doctor_prints_one_info_line_for_a_faked_adapter(capsys, monkeypatch, no_step):
     fake = target.DirectMLProbe(True, "torch_directml adapter found", 2,
                                 ["AMD Radeon RX 7900 XTX", "AMD Radeon(TM) Graphics"],
                                 [False, False])
@@ -204,3 +215,135 @@ def test_doctor_prints_one_info_line_for_a_faked_adapter(capsys, monkeypatch):
     status, out = run_doctor(capsys, {"device": "cpu"})
     assert [line for line in out.splitlines() if line.startswith("info: ")] == [
         "info: " + doctor.native_backend_note(["Intel(R) Arc(TM) A750 Graphics"])]
+
+
+# -- the training step: what a wrong or failing kernel makes of the result ----------------------
+
+
+def problems_of(out: str):
+    return [line for line in out.splitlines() if line.startswith("problem: ")]
+
+
+def test_running_statistics_not_updated_fail_the_step_unless_a_guard_repairs_them(capsys):
+    # bug-bn-stats: training-mode batch norm leaves running_mean/var as they were (#362).
+    buggy = {"device": "emulated-dml", "emulator_gaps": "all,bug-bn-stats"}
+    status, out = run_doctor(capsys, {**buggy, "guards": "off"})
+    assert status == 1, out
+    assert re.search(r"^  training step:   FAILED: differs from the CPU: batch_norm running_mean: "
+                     r"largest \|device - CPU\| \S+ where the CPU's values reach \S+$", out,
+                     re.M), out
+    assert problems_of(out)[0].startswith(
+        "problem: the training step on privateuseone:0 differs from the CPU's (pointing at "
+        "batch_norm forward (training mode)): batch_norm running_mean: "), out
+    assert problems_of(out)[0].endswith(
+        "also batch_norm running_var; with DMLSHIM_GUARDS=on the step trains right: run scripts "
+        "with DMLSHIM_GUARDS=on"), out
+    assert out.rstrip().splitlines()[-1].startswith("result: this setup cannot run")
+    status, out = run_doctor(capsys, buggy)  # guards on (the default): repaired
+    assert status == 0, out
+    assert "  training step:   ok on privateuseone:0" in out
+
+
+def _site_dir(tmp_path, monkeypatch, code: str):
+    """A sitecustomize for the step's child process: what an adapter's kernel would do."""
+    (tmp_path / "sitecustomize.py").write_text(code)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+BN_BACKWARD = '''
+import os
+import torch
+import emulated_dml
+
+def kernel(*args, **kwargs):
+{body}
+
+for name in ("native_batch_norm_backward", "batch_norm_backward"):
+    emulated_dml.register_device_kernel(name, kernel)
+'''
+
+
+def test_a_batch_norm_backward_that_raises_is_named(capsys, tmp_path, monkeypatch):
+    _site_dir(tmp_path, monkeypatch, BN_BACKWARD.format(
+        body="    raise RuntimeError('Invalid parameter.')"))
+    status, out = run_doctor(capsys, {"device": "emulated-dml"})
+    assert status == 1, out
+    part = "batch_norm (training mode) backward (NativeBatchNormBackward0)"
+    assert f"  training step:   FAILED: {part}: RuntimeError: Invalid parameter.\n" in out
+    assert problems_of(out)[0] == (
+        f"problem: the training step failed on privateuseone:0 in {part}: RuntimeError: Invalid "
+        "parameter.; the emulated adapter reproduces a torch-directml bug that the options in "
+        "force do not work around (DMLSHIM_EMULATOR_GAPS=all)"), out
+
+
+def test_a_wrong_batch_norm_gradient_is_found(capsys, tmp_path, monkeypatch):
+    # the kernel computes on the CPU and doubles every result: the gradients of batch norm's
+    # own parameters are the first (in backward order) that differ
+    body = ("    dev = args[0].device\n"
+            "    cpu = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]\n"
+            "    op = getattr(torch.ops.aten, kernel.name)\n"
+            "    outs = op(*cpu, **kwargs)\n"
+            "    return tuple(None if o is None else (o * 2).to(dev) for o in outs)")
+    code = BN_BACKWARD.format(body=body).replace(
+        "    emulated_dml.register_device_kernel(name, kernel)",
+        "    def bound(*a, _n=name, **k):\n        kernel.name = _n\n        return kernel(*a, **k)\n"
+        "    emulated_dml.register_device_kernel(name, bound)")
+    _site_dir(tmp_path, monkeypatch, code)
+    status, out = run_doctor(capsys, {"device": "emulated-dml"})
+    assert status == 1, out
+    assert "  training step:   FAILED: differs from the CPU: gradient of batch_norm weight: " in out
+    assert problems_of(out)[0].startswith(
+        "problem: the training step on privateuseone:0 differs from the CPU's (pointing at "
+        "batch_norm backward (training mode)): gradient of batch_norm weight: "), out
+
+
+def test_a_crash_in_the_step_names_the_part_and_the_signal(capsys, tmp_path, monkeypatch):
+    _site_dir(tmp_path, monkeypatch, BN_BACKWARD.format(body="    os.abort()"))
+    status, out = run_doctor(capsys, {"device": "emulated-dml"})
+    assert status == 1, out
+    assert "  training step:   FAILED: batch_norm (training mode) backward " \
+           "(NativeBatchNormBackward0): the process died with signal 6 (SIGABRT)" in out
+    assert out.rstrip().splitlines()[-1].startswith("result: this setup cannot run")
+    import dmlshim
+
+    assert not dmlshim.is_installed()  # the step ran in a child process
+
+
+def test_float64_is_claimed_only_after_a_float64_op_worked(capsys, tmp_path, monkeypatch):
+    # The target says float64 (emulator gap off, as has_float64_support() says True on the
+    # software adapter) but every float64 op raises on the device.
+    _site_dir(tmp_path, monkeypatch, (
+        "import emulated_dml\nfrom emulated_dml import _state\n_register = emulated_dml.register\n"
+        "def register(*args, **kwargs):\n    _register(*args, **kwargs)\n"
+        "    _state.state.float64 = True\nemulated_dml.register = register\n"))
+    status, out = run_doctor(capsys, {"device": "emulated-dml", "emulator_gaps": "fallback"})
+    assert status == 1, out
+    assert re.search(r"^  float64:         no \(error: RuntimeError: The GPU device does not "
+                     r"support Double \(Float64\) operations!; the target said yes \(emulator "
+                     r"gap 'float64' is off\)\)$", out, re.M), out
+    assert "  training step:   ok on privateuseone:0" in out
+    assert problems_of(out) == [
+        "problem: float64: the target says yes (emulator gap 'float64' is off), but a float64 op "
+        "on privateuseone:0 gave error: RuntimeError: The GPU device does not support Double "
+        "(Float64) operations!; scripts that use double tensors fail there: make them float32 "
+        "(x.float()) and report this output to dmlshim"], out
+    monkeypatch.delenv("PYTHONPATH")
+    status, out = run_doctor(capsys, {"device": "emulated-dml", "emulator_gaps": "fallback"})
+    assert status == 0, out
+    assert "  float64:         yes (emulator gap 'float64' is off); a float64 op ran on " \
+           "privateuseone:0\n" in out
+
+
+def test_the_step_result_survives_its_child_dying():
+    out = "\n".join([f"{doctor_step.MARK} part \"starting\"",
+                     f"{doctor_step.MARK} device \"privateuseone:0\"",
+                     f"{doctor_step.MARK} part \"conv2d forward\""])
+    err = ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call "
+           "first):\n  File \"" + os.path.join(os.path.dirname(doctor.__file__), "patches",
+                                               "guard_kernels.py") + "\", line 7 in flip\n")
+    got = doctor_step.parse(out, err, -11)
+    assert (got.ok, got.device, got.failed, got.crashed) == (False, "privateuseone:0",
+                                                             "conv2d forward", True)
+    assert got.error == "the process died with signal 11 (SIGSEGV) (Fatal Python error: " \
+                        "Segmentation fault)"
+    assert got.shim_site == "dmlshim/patches/guard_kernels.py:7 in flip"
