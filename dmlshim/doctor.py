@@ -2,8 +2,8 @@
 
 Prints the system (OS, Python, torch, torch-directml and its adapters), the target ``auto``
 would pick and why, float64 support, every option with its value and where it came from, and
-then tries the setup: installs the shim for the requested device, runs a few tensor ops on
-``cuda``, and uninstalls, in this process with its environment as it is (torch_directml's
+then tries the setup: one training step on ``cuda`` under the shim, against the CPU, in a
+child process with its environment as it is (:mod:`dmlshim.doctor_step`; torch_directml's
 folder is never put on ``LD_LIBRARY_PATH``: on WSL its stub libraries would shadow the real
 ones). A DirectML driver that is present (WSL's ``/dev/dxg``, Windows) while the probe fails
 is a problem, even though ``auto`` then trains on the CPU. Exit status 0 when the setup can

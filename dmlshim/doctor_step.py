@@ -71,7 +71,7 @@ class StepResult:
     error: str = ""  # "RuntimeError: ..." or "the process died with signal 11 (SIGSEGV)"
     shim_site: str = ""  # "dmlshim/patches/x.py:12 in f" when a dmlshim frame raised
     mismatches: List[Mismatch] = field(default_factory=list)
-    largest: float = 0.0  # the largest difference relative to its tensor's scale
+    largest: float = 0.0  # the largest difference relative to its tensor's scale (see _rel)
     float64: str = ""  # "float64" (ran), "float32" (downcast by the shim), "error: ...", "wrong: ..."
     crashed: bool = False  # the child died (a signal, an exit) or hung
 
@@ -278,7 +278,9 @@ def _error_text(err: BaseException) -> str:
 
 
 def _rel(err: float, scale: float) -> float:
-    return err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+    # relative to the scale, or to ATOL / RTOL for tensors about zero (the gradient of a conv
+    # bias before batch norm is zero up to rounding)
+    return err / max(scale, ATOL / RTOL)
 
 
 def compare(dev: Dict[str, Any], ref: Dict[str, Any]) -> Tuple[List[Mismatch], float]:

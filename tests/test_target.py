@@ -148,3 +148,21 @@ def test_emulator_refuses_to_register_beside_the_real_backend():
                   DMLSHIM_DISABLE="1", LD_LIBRARY_PATH=pkg)
     assert proc.returncode != 0
     assert "torch_directml is already imported" in proc.stderr
+
+
+@pytest.mark.parametrize("device, float64", [("cpu", True), ("meta", False)])
+def test_probe_claims_float64_only_after_a_float64_op_worked(tmp_path, monkeypatch, device,
+                                                             float64):
+    # has_float64_support() says True on adapters where every float64 op raises (the software
+    # D3D12 adapter): a stand-in whose device is 'meta' (no values: .item() raises) says so too.
+    pkg = tmp_path / "torch_directml"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import torch\n__version__ = '0.0.test'\ndevice_count = lambda: 1\n"
+        "device_name = lambda i: 'Fake adapter\\0'\nhas_float64_support = lambda i: True\n"
+        f"device = lambda i: torch.device({device!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delenv(target.PROBE_CACHE_ENV, raising=False)
+    probe = target.probe_directml(force=True)
+    assert (probe.usable, probe.names, probe.float64) == (True, ["Fake adapter"], [float64]), probe
