@@ -224,6 +224,44 @@ def test_fallback_warnings_are_counted_and_still_shown(shim, fresh_events):
     assert any("ran on the CPU" in a for a in report["attention"])
 
 
+def test_every_fallback_call_counted_where_the_wheel_warns_once(shim, fresh_events, monkeypatch):
+    # What the shim does on DirectML with diagnostics asked for (the wheel's path, in process:
+    # its caps faked as DirectML's): warn_always on, an "always" filter after the script's own.
+    import torch
+
+    assert not torch.is_warn_always_enabled()
+    shim(device="cpu", log="info")
+    patch = _patch_instance()
+    monkeypatch.setattr(patch._caps, "directml", True)
+    patch._count_every_fallback()
+    assert torch.is_warn_always_enabled() and patch.counting() == "warnings"
+    assert warnings.filters[-1] is patch._fallback_filter
+
+    def fallback(op):
+        warnings.warn(FALLBACK_TEXT.format(op=op), UserWarning, stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as shown:
+        for _ in range(3):  # one source line, as in a training loop
+            fallback("aten::amin.out")
+        fallback("aten::cumprod.out")
+        warnings.filterwarnings("ignore", message="The operator 'aten::huber_loss'")
+        fallback("aten::huber_loss")  # the script's own filter decides first: not seen
+    assert dict(events.cpu_fallbacks) == {"aten::amin.out": 3, "aten::cumprod.out": 1}
+    assert [str(w.message).split("'")[1] for w in shown] == ["aten::amin.out",
+                                                             "aten::cumprod.out"]
+    report = patch.report()["cpu_fallbacks"]
+    assert report == {"counting": "warnings", "total": 4,
+                      "ops": {"aten::amin.out": 3, "aten::cumprod.out": 1}}
+    torch.set_warn_always(False)  # the script turns it off: the counts are no longer per call
+    assert patch.report()["cpu_fallbacks"]["counting"] == "first-warning"
+    torch.set_warn_always(True)
+    ours = patch._fallback_filter
+    import dmlshim
+
+    dmlshim.uninstall()
+    assert not torch.is_warn_always_enabled() and ours not in warnings.filters
+
+
 def test_report_of_an_in_process_run_matches_the_schema(shim, fresh_events, tmp_path):
     import torch
 
@@ -368,9 +406,8 @@ def test_runner_info_log_summary_and_report(tmp_path):
            "torch.zeros x1" in summary
     assert "    dropped: Tensor.pin_memory x1" in summary
     assert "    unsupported: torch.cuda.graph_pool_handle x1" in summary
-    assert "  CPU fallbacks (from torch-directml's warnings, which it gives once per process: run " \
-           "on DMLSHIM_DEVICE=emulated-dml for every op and count): aten::_foreach_add_.List x1, " \
-           "aten::lerp.Scalar_out x1" in summary
+    assert "  CPU fallbacks (calls, from torch-directml's warnings): aten::_foreach_add_.List " \
+           "x1, aten::lerp.Scalar_out x1" in summary
     assert summary[-1] == f"  report: {report_path}"
     # the fallback warnings themselves still reach the user
     assert proc.stderr.count("UserWarning: The operator 'aten::") == 2

@@ -198,10 +198,11 @@ FALLBACKS = ("import torch\n"
              "print('y', y.item())\n")
 
 
-def test_fallback_report_on_the_users_path_names_the_first_fallback(tmp_path):
-    # On the wheel's path the report reads torch-directml's warnings, which it gives once per
-    # process (one TORCH_WARN_ONCE site; the shim no longer turns warn_always on): the first op
-    # that fell back, once. The emulated-dml target counts the same emulator's fallbacks exactly.
+def test_fallback_report_on_the_users_path_counts_every_op_and_call(tmp_path):
+    # On the wheel's path the counts come from torch-directml's warnings, which it gives once
+    # per process (one TORCH_WARN_ONCE site). With a report asked for, the shim turns
+    # warn_always on: every op and call is counted, as the emulated-dml target counts the same
+    # emulator's fallbacks exactly, and the user sees one warning line per op.
     script = tmp_path / "fallbacks.py"
     script.write_text(FALLBACKS, encoding="utf-8")
     proc = wsl([sys.executable, "-m", "dmlshim", str(script)],
@@ -214,8 +215,15 @@ def test_fallback_report_on_the_users_path_names_the_first_fallback(tmp_path):
     assert exact.returncode == 0, describe(exact)
     expected = json.loads((tmp_path / "emu.json").read_text(encoding="utf-8"))["cpu_fallbacks"]
     assert expected["ops"] == {"aten::amin.out": 3, "aten::cumprod.out": 3}, expected
-    assert got["cpu_fallbacks"]["ops"] == {"aten::cumprod.out": 1}, got["cpu_fallbacks"]
-    assert proc.stderr.count("is not currently supported on the DML backend") == 1, describe(proc)
+    assert got["cpu_fallbacks"]["ops"] == expected["ops"], got["cpu_fallbacks"]
+    assert proc.stderr.count("is not currently supported on the DML backend") == 2, describe(proc)
+    # Without diagnostics asked for, the process is left as it is: the first op, said so.
+    plain = wsl([sys.executable, "-m", "dmlshim", str(script)], env={"DMLSHIM_DECOMPOSE": "off"})
+    assert plain.returncode == 0, describe(plain)
+    assert plain.stderr.count("is not currently supported on the DML backend") == 1
+    assert "dmlshim:   CPU fallbacks (torch-directml warns once per process: the first op " \
+           "that fell back; DMLSHIM_REPORT=path or DMLSHIM_LOG=info counts every op and " \
+           "call): aten::cumprod.out x1" in plain.stderr, describe(plain)
 
 
 OOM = ("import torch\n"

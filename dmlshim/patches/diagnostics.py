@@ -2,19 +2,27 @@
 
 Installed last, so it sees every other patch. It
 
-* counts CPU fallbacks, at no cost per call: the emulator keeps exact counts
-  (``emulated_dml.fallback_counts()``), which the report uses; on real DirectML the report has
-  what torch-directml's ``UserWarning: The operator 'aten::X' is not currently supported on the
-  DML backend and will fall back to run on the CPU...`` says, caught where Python shows
-  warnings (``warnings._showwarnmsg``, which both ``warnings.warn`` and C code's
-  ``PyErr_WarnEx`` reach). torch-directml warns from one ``TORCH_WARN_ONCE`` site for every op,
-  i.e. once per process in total, so that is the first op that fell back, once. The trade-off:
-  ``torch.set_warn_always(True)`` would make that site fire on every fallback and count every
-  call, but it is process-wide (every ``TORCH_WARN_ONCE`` site of torch then goes through
-  Python's warnings machinery on every call) and each fallback call would run a shim frame; the
-  shim leaves it as the script set it. To list every op that falls back and how often, run the
-  script on the emulator (``DMLSHIM_DEVICE=emulated-dml``: exact counts) or
-  ``benchmarks/fallbacks.py``;
+* counts CPU fallbacks. The emulator keeps exact counts (``emulated_dml.fallback_counts()``),
+  which the report uses. On real DirectML the counts are what torch-directml's ``UserWarning:
+  The operator 'aten::X' is not currently supported on the DML backend and will fall back to
+  run on the CPU...`` says, caught where Python shows warnings (``warnings._showwarnmsg``,
+  which both ``warnings.warn`` and C code's ``PyErr_WarnEx`` reach). torch-directml warns from
+  one ``TORCH_WARN_ONCE`` site for every op (``dml_cpu_fallback.cpp:15``), i.e. once per
+  process in total, and nothing else of the wheel tells which op fell back: a C++ warn-once
+  site fires again only under ``torch.set_warn_always(True)``. So when the user asked for
+  diagnostics (``DMLSHIM_REPORT`` or ``DMLSHIM_LOG=info``/``debug``: the same switch that
+  records call sites), the shim turns ``warn_always`` on and appends an ``always`` filter for
+  that message to the end of ``warnings.filters`` (a filter the script adds goes first and
+  decides: ignored warnings are not counted): every fallback call is counted per op, and the
+  user sees one warning line per op (repeats that only the shim's filter let through are
+  swallowed). Cost: nothing on a step without a fallback (the flag is read only when a
+  warn-once site fires, the filter only when a warning is raised); per fallback call, one
+  Python warning and one shim frame, next to the copies to the host and back that the fallback
+  itself makes (``benchmarks/README.md``). What else changes while it is on: torch's other
+  ``TORCH_WARN_ONCE`` sites fire on every call too, and Python's default filter shows each once
+  per Python source line instead of once per process. Without diagnostics the process is left
+  as it is and the report says ``counting: "first-warning"``: the first op that fell back;
+  ``DMLSHIM_DEVICE=emulated-dml`` counts every op of a script exactly on any machine;
 * remembers how the script ended: an exception or Ctrl-C (``sys.excepthook``, which both Python
   and the runner call), ``sys.exit(n)``, or normally;
 * at exit (``atexit``: runs after a normal end, an uncaught exception, ``sys.exit`` and
@@ -54,6 +62,8 @@ REPORT_OWNER_ENV = "DMLSHIM_REPORT_OWNER"  # internal: "<pid>:<absolute report p
 FALLBACK_RE = re.compile(
     r"The operator '([^']+)' is not currently supported on the DML backend and will fall back "
     r"to run on the CPU")
+# The shim's warning filter's message pattern (matched at the start of the message).
+FALLBACK_FILTER = r"The operator '[^']+' is not currently supported on the DML backend"
 
 # Counters (events.note) that mean a problem, and what the summary says about them. Patches can
 # also report problems directly with events.attention(key, message).
@@ -130,6 +140,11 @@ class DiagnosticsPatch(Patch):
         # at_exit and after_fork run from the session's process hooks (dmlshim.api)
         if self._report_path:
             self._claim_report()
+        self._fallback_filter: Optional[tuple] = None
+        self._shown_fallbacks: set = set()
+        self._warn_always_set = False
+        if caps.directml and self._fallback_base is None and events.tracing():
+            self._count_every_fallback()
 
     def after_fork(self) -> None:
         """A forked child reports what it did itself, from the fork on (the session has
@@ -152,6 +167,65 @@ class DiagnosticsPatch(Patch):
         # export the absolute path so they recognise the parent's claim.
         if os.environ.get("DMLSHIM_REPORT") == self._config.report:
             self._set_env("DMLSHIM_REPORT", self._report_path)
+
+    def _count_every_fallback(self) -> None:
+        """Make torch-directml's once-per-process fallback warning fire, and count, every call."""
+        import torch
+
+        previous = torch.is_warn_always_enabled()
+        if not previous:
+            torch.set_warn_always(True)
+            self._warn_always_set = True
+
+            def restore_warn_always() -> None:
+                if torch.is_warn_always_enabled():  # still on: the script did not turn it off
+                    torch.set_warn_always(False)
+
+            self.on_undo(restore_warn_always)
+        # Last in the list: the script's own filters (and any it adds later, which go first)
+        # decide before it; without one, Python's default action would show (and let through)
+        # each op's warning once per source line.
+        warnings.filterwarnings("always", message=FALLBACK_FILTER, category=UserWarning,
+                                append=True)
+        self._fallback_filter = ours = warnings.filters[-1]
+
+        def remove_filter() -> None:
+            if ours in warnings.filters:
+                warnings.filters.remove(ours)
+                mutated = getattr(warnings, "_filters_mutated", None)  # drops onceregistries
+                if mutated is not None:
+                    mutated()
+
+        self.on_undo(remove_filter)
+
+    def _decided_by_our_filter(self, msg: Any) -> bool:
+        """Whether the first warning filter that matches ``msg`` is the shim's ``always`` one."""
+        ours = self._fallback_filter
+        if ours is None:
+            return False
+        text = str(msg.message)
+        module = msg.filename or "<unknown>"
+        if module[-3:].lower() == ".py":
+            module = module[:-3]
+        for item in warnings.filters:
+            if item is ours:
+                return True
+            _, pattern, category, mod, lineno = item
+            if (pattern is None or pattern.match(text)) and issubclass(msg.category, category) \
+                    and (mod is None or mod.match(module)) and (lineno == 0 or lineno == msg.lineno):
+                return False
+        return False
+
+    def counting(self) -> str:
+        """How the report's CPU-fallback counts were made (report_schema.json)."""
+        if self._fallback_base is not None:
+            return "exact"
+        if self._caps.directml:
+            import torch
+
+            if not torch.is_warn_always_enabled():
+                return "first-warning"
+        return "warnings"
 
     def _set_env(self, name: str, value: str) -> None:
         old = os.environ.get(name)
@@ -179,7 +253,12 @@ class DiagnosticsPatch(Patch):
             msg = args[0] if args else kwargs.get("msg")
             match = FALLBACK_RE.search(str(getattr(msg, "message", "")))
             if match is not None:
-                events.fallback(match.group(1))
+                op = match.group(1)
+                events.fallback(op)
+                if self._fallback_filter is not None and self._decided_by_our_filter(msg):
+                    if op in self._shown_fallbacks:
+                        return None  # counted; the user has seen this op's line already
+                    self._shown_fallbacks.add(op)
         except Exception:  # pragma: no cover - never let bookkeeping break warnings
             log.debug("dmlshim: fallback capture failed", exc_info=True)
         return wrapped(*args, **kwargs)
@@ -253,7 +332,8 @@ class DiagnosticsPatch(Patch):
         target = caps.target
         now = time.time()
         recorded = events.summary_dict()
-        fallbacks, counting, moved = fallback_counts(caps, self._fallback_base)
+        fallbacks, _, moved = fallback_counts(caps, self._fallback_base)
+        counting = self.counting()
         attention = attention_messages(recorded, fallbacks, counting)
         sections: Dict[str, Any] = {}
         shim = current.session
@@ -433,14 +513,15 @@ def summary_lines(report: Dict[str, Any], written: Optional[str] = None) -> List
         lines.append(f"  {label}: " + ", ".join(groups[group]))
     fb = report["cpu_fallbacks"]
     if fb["ops"]:
-        if fb["counting"] == "exact":
-            head = "  CPU fallbacks (calls): "
-            items = [f"{op} x{n}" for op, n in fb["ops"].items()]
-        else:
+        if fb["counting"] == "first-warning":
             # torch-directml warns once per process: the first op that fell back
-            head = "  CPU fallbacks (from torch-directml's warnings, which it gives once per " \
-                   "process: run on DMLSHIM_DEVICE=emulated-dml for every op and count): "
-            items = [f"{op} x{n}" for op, n in fb["ops"].items()]
+            head = "  CPU fallbacks (torch-directml warns once per process: the first op that " \
+                   "fell back; DMLSHIM_REPORT=path or DMLSHIM_LOG=info counts every op and call): "
+        elif fb["counting"] == "warnings":
+            head = "  CPU fallbacks (calls, from torch-directml's warnings): "
+        else:
+            head = "  CPU fallbacks (calls): "
+        items = [f"{op} x{n}" for op, n in fb["ops"].items()]
         lines.append(head + ", ".join(items))
     for message in report["attention"]:
         lines.append("  needs attention: " + message)
