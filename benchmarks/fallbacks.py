@@ -25,6 +25,9 @@ their calls and the bytes they copied between host and device (the report's
 ``cpu_fallbacks.bytes``). ``--before-repo`` runs the same with another checkout of dmlshim
 (the code before a change) for a before/after table.
 
+``--counting-cost`` times, on the wheel's path (``--prefix``: the WSL harness with a real D3D12
+library), what counting every fallback call costs (see :func:`counting_cost`).
+
 ``--speed`` also times the optimizer workloads with decompositions on, PyTorch's default
 (``foreach``) against ``foreach=False``, alternating runs (steps/s of the timed loop, median).
 The emulator runs every op through Python on the CPU: the ratio says how the two paths compare
@@ -32,6 +35,8 @@ in op count and Python overhead there, not how fast a GPU runs them.
 
     python benchmarks/fallbacks.py                 # markdown tables on stdout
     python benchmarks/fallbacks.py --speed --runs 5 --json out.jsonl
+    python benchmarks/fallbacks.py --counting-cost --python /root/venv241/bin/python \
+        --prefix "python emulated_dml/wsl.py --d3d12 /path/to/libvkd3d-proton-d3d12.so --"
     python benchmarks/fallbacks.py --zoo --python /work/venvs/fw241/bin/python \
         --before-repo /tmp/before --json zoo.jsonl
 """
@@ -418,10 +423,83 @@ def _median(values: List[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+# -- what counting every fallback call costs on the wheel's path ------------------------------
+
+def cost_worker(argv: Sequence[str]) -> None:
+    """Microseconds per call of four device ops without a fallback, of one op with one CPU
+    fallback (``F.huber_loss``, decompositions off), and of a CPU op that reaches one of torch's
+    own warn-once sites, with the shim counting every fallback call
+    (a report asked for: ``warn_always`` on) and not (``warn_always`` off, as without a report:
+    after its one warning the wheel's warn-once site does nothing). The two alternate in this
+    one process, ``rounds`` times; the least time of each is kept (a shared machine's noise only
+    adds time)."""
+    import torch
+    import torch.nn.functional as F
+
+    calls, rounds = (int(a) for a in argv) if argv else (300, 7)
+    x = torch.randn(64, 64, device="cuda")
+    t = torch.randn(64, 64, device="cuda")
+    xc, wc = torch.randn(1, 1, 8), torch.randn(1, 1, 2)  # on the CPU
+    work = {"clean": lambda: ((x * 1.5 + t).relu() - t).sum(),
+            "fallback": lambda: F.huber_loss(x, t),
+            # one of torch's own TORCH_WARN_ONCE sites (shown once per source line either way)
+            "warn-once": lambda: F.conv1d(xc, wc, padding="same").sum()}
+    best: Dict[str, float] = {}
+    for _ in range(rounds):
+        for name, fn in work.items():
+            for counted in (False, True):
+                torch.set_warn_always(counted)
+                fn().item()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    r = fn()
+                r.item()  # waits for the queued work
+                key = f"{name} {'counted' if counted else 'first-warning'}"
+                us = (time.perf_counter() - start) / calls * 1e6
+                best[key] = min(best.get(key, us), us)
+    torch.set_warn_always(True)
+    print("cost " + json.dumps(best))
+
+
+def counting_cost(args: argparse.Namespace) -> str:
+    """The table of :func:`cost_worker`, run under the shim with a report (``--prefix``: under
+    another command, e.g. the WSL harness with a real D3D12 library)."""
+    import shlex
+
+    me = os.path.abspath(__file__)
+    with tempfile.TemporaryDirectory(prefix="dmlshim-cost-") as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        env = clean_env(DMLSHIM_DEVICE=args.device, DMLSHIM_DECOMPOSE="off",
+                        DMLSHIM_GUARDS=args.guards, DMLSHIM_REPORT=report_path)
+        cmd = shlex.split(args.prefix) + [args.python, "-m", "dmlshim", me, "--cost-worker",
+                                          str(args.cost_calls), str(args.runs)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp,
+                              timeout=args.timeout)
+        line = [s for s in proc.stdout.splitlines() if s.startswith("cost ")]
+        if proc.returncode != 0 or not line:
+            raise SystemExit(f"cost worker failed:\n{proc.stderr[-2000:]}")
+        best = json.loads(line[0][5:])
+        with open(report_path, encoding="utf-8") as fh:
+            counted = json.load(fh)["cpu_fallbacks"]
+    rows = ["| work | warn_always off (first-warning): us/call | every call counted: us/call |",
+            "|---|---|---|"]
+    for name, label in (("clean", "4 device ops, no fallback"),
+                        ("fallback", "F.huber_loss: 1 CPU fallback"),
+                        ("warn-once", "CPU conv1d, padding='same', even kernel: torch's own "
+                                      "TORCH_WARN_ONCE site")):
+        rows.append(f"| {label} | {best[name + ' first-warning']:.1f} | "
+                    f"{best[name + ' counted']:.1f} |")
+    rows.append(f"\nthe report: counting {counted['counting']}, ops {counted['ops']}")
+    return "\n".join(rows)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
         worker(argv[1:])
+        return
+    if argv[:1] == ["--cost-worker"]:
+        cost_worker(argv[1:])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--optimizers", nargs="*", default=list(OPTIMIZERS), choices=OPTIMIZERS)
@@ -435,6 +513,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--python", default=sys.executable, help="interpreter to run the scripts")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default=None, help="append one JSON line per result here")
+    p.add_argument("--counting-cost", action="store_true",
+                   help="only time a call with and without every fallback counted (see "
+                        "counting_cost); --device, --prefix, --guards, --cost-calls")
+    p.add_argument("--device", default="auto", help="DMLSHIM_DEVICE of --counting-cost")
+    p.add_argument("--guards", default="on", help="DMLSHIM_GUARDS of --counting-cost")
+    p.add_argument("--prefix", default="", help="command the --counting-cost worker runs under")
+    p.add_argument("--cost-calls", type=int, default=300, help="calls per timing (--runs: rounds)")
     p.add_argument("--zoo", nargs="*", default=None, choices=ZOO_MODELS,
                    help="train the model zoo (all models if none named) instead of the "
                         "workloads above")
@@ -450,6 +535,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             with open(args.json, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
 
+    if args.counting_cost:
+        print(counting_cost(args))
+        return
     if args.zoo_from:
         with open(args.zoo_from, encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]

@@ -224,6 +224,8 @@ def test_fallback_report_on_the_users_path_counts_every_op_and_call(tmp_path):
     assert "dmlshim:   CPU fallbacks (torch-directml warns once per process: the first op " \
            "that fell back; DMLSHIM_REPORT=path or DMLSHIM_LOG=info counts every op and " \
            "call): aten::cumprod.out x1" in plain.stderr, describe(plain)
+    assert "dmlshim:   needs attention: op(s) (torch-directml names the first of the process " \
+           "only) ran on the CPU instead of the device: aten::cumprod.out; " in plain.stderr
 
 
 OOM = ("import torch\n"

@@ -470,7 +470,9 @@ def attention_messages(recorded: Dict[str, Any], fallbacks: Dict[str, int],
     out: List[str] = []
     if fallbacks:
         names = ", ".join(sorted(fallbacks))
-        out.append(f"{len(fallbacks)} op(s) ran on the CPU instead of the device: {names}; "
+        many = (f"{len(fallbacks)} op(s)" if counting != "first-warning" else
+                "op(s) (torch-directml names the first of the process only)")
+        out.append(f"{many} ran on the CPU instead of the device: {names}; "
                    "every such call copies its tensors to the host and back (slower, not wrong)")
     unsupported = sorted(a for a, t in recorded["api_tags"].items() if t == "unsupported")
     if unsupported:
