@@ -184,10 +184,11 @@ def _step_problem(step: doctor_step.StepResult, tgt: targetmod.Target,
             return (f"{what}; with {flags} the step trains right: run scripts with {flags}"
                     + (" and report this output to dmlshim (a dmlshim kernel is at fault)"
                        if "=off" in flags else ""))
-    if tgt.kind == "emulated-dml":
+    caps = _capabilities(tgt, cfg)
+    if caps.emulated:
         return (f"{what}; the emulated adapter reproduces a torch-directml bug that the options "
                 f"in force do not work around (DMLSHIM_EMULATOR_GAPS={cfg.emulator_gaps})")
-    if tgt.kind != "dml":
+    if not caps.directml:
         return f"{what}; this is a dmlshim or torch bug: report this output to dmlshim"
     return (f"{what}; this adapter's DirectML does not train right: update the GPU driver "
             "(and torch-directml), or train on the CPU meanwhile (DMLSHIM_DEVICE=cpu)")

@@ -47,11 +47,11 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 def wsl(cmd: List[str], adapters: int = 1, env: Optional[Dict[str, Optional[str]]] = None,
         as_module: bool = False, cwd: Optional[str] = None,
-        memory_mib: int = 0) -> subprocess.CompletedProcess:
+        memory_mib: int = 0, float64: bool = False) -> subprocess.CompletedProcess:
     """``cmd`` inside the harness, with a clean environment (no DMLSHIM_*, repo on PYTHONPATH)."""
     harness = [sys.executable, "-m", "emulated_dml.wsl"] if as_module else [sys.executable, WSL]
     return subprocess.run([*harness, "--adapters", str(adapters), "--memory", str(memory_mib),
-                           "--", *cmd],
+                           *(["--float64"] if float64 else []), "--", *cmd],
                           env=clean_env(**(env or {})), cwd=cwd or neutral_cwd(),
                           capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -144,7 +144,7 @@ def test_doctor_says_the_adapter_works():
     assert "  usable:          yes (torch_directml adapter found; probed in a subprocess)" in out
     assert f"  adapter 0:       {ADAPTER_0} (float64: no)" in out, describe(proc)
     assert "  adapter 1:       Emulated DirectML Adapter 1 (emulated_dml) (float64: no)" in out
-    assert "  tensor ops:      ok" in out, describe(proc)
+    assert "  training step:   ok on privateuseone:0: conv2d, " in out, describe(proc)
     assert out.rstrip().splitlines()[-1] == (
         f"result: ok: CUDA scripts will run on dml ({ADAPTER_0}, "
         "Emulated DirectML Adapter 1 (emulated_dml))"), describe(proc)
@@ -196,6 +196,15 @@ FALLBACKS = ("import torch\n"
              "for _ in range(3):\n"
              "    y = torch.cumprod(x, dim=1).sum() + torch.amin(x, dim=0).sum()\n"
              "print('y', y.item())\n")
+
+
+def test_doctor_claims_float64_where_a_float64_op_ran():
+    # an adapter with float64: the probe and the doctor's step each ran a float64 op there
+    proc = wsl([sys.executable, "-m", "dmlshim", "--doctor"], float64=True)
+    assert proc.returncode == 0, describe(proc)
+    assert f"  adapter 0:       {ADAPTER_0} (float64: yes)" in proc.stdout, describe(proc)
+    assert "  float64:         adapter 0: yes; a float64 op ran on privateuseone:0\n" \
+        in proc.stdout, describe(proc)
 
 
 def test_fallback_report_on_the_users_path_counts_every_op_and_call(tmp_path):
