@@ -28,6 +28,7 @@ from helpers import (
     option_env,
     run_native,
     run_shim,
+    users_lane,
 )
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -120,7 +121,7 @@ def users_path(name: str, *args: str, cwd: Path, adapters: int = 1,
     with ``adapters`` adapters (helpers.on_users_path): the path a user with DirectML takes."""
     extra = {**option_env(options), **(env or {})}
     return run_shim(script(name), *args, device=None, env=fw_env(**extra), cwd=cwd,
-                    timeout=TIMEOUT, wsl=adapters)
+                    timeout=TIMEOUT, wsl=users_lane(adapters))
 
 
 def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
