@@ -211,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     builder = _builder()
     try:
         if args.d3d12:
-            site, lib = "", builder.build_real_wsl_libs(args.d3d12)
+            site, lib = "", builder.build_real_wsl_libs(args.d3d12, args.adapters)
         else:
             site = builder.build_standin()
             lib = builder.build_wsl_libs(args.adapters, args.float64, args.memory)

@@ -113,12 +113,14 @@ def on_users_path(cmd: Sequence[str], adapters: int = 1, memory_mib: int = 0) ->
 REAL_D3D12: Optional[str] = None
 
 
-def on_real_wheel(cmd: Sequence[str]) -> List[str]:
+def on_real_wheel(cmd: Sequence[str], adapters: int = 1) -> List[str]:
     """``cmd`` inside the WSL harness's real route: the torch-directml wheel installed in this
-    interpreter's environment on the real D3D12 library of ``pytest --real-d3d12``."""
+    interpreter's environment on the real D3D12 library of ``pytest --real-d3d12``
+    (``adapters`` adapters, all its one device)."""
     if REAL_D3D12 is None:
         raise RuntimeError("on_real_wheel: run pytest with --real-d3d12 PATH")
-    return [sys.executable, str(WSL_HARNESS), "--d3d12", REAL_D3D12, "--", *map(str, cmd)]
+    return [sys.executable, str(WSL_HARNESS), "--d3d12", REAL_D3D12, "--adapters",
+            str(adapters), "--", *map(str, cmd)]
 
 
 def gradient_alarms(stderr: str) -> List[str]:
@@ -128,8 +130,8 @@ def gradient_alarms(stderr: str) -> List[str]:
 
 def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
          timeout: float, wsl: Union[int, str] = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
-    if wsl == "real":
-        cmd = on_real_wheel(cmd)
+    if isinstance(wsl, str):  # "real" or "real:N"
+        cmd = on_real_wheel(cmd, int(wsl.partition(":")[2] or 1))
     elif wsl:
         cmd = on_users_path(cmd, adapters=int(wsl))
     return subprocess.run(
@@ -145,8 +147,8 @@ REAL_REL = 2e-3
 
 def users_lane(adapters: int = 1) -> Union[int, str]:
     """``wsl=`` for the users' path: the stand-in with ``adapters`` adapters, or, in the
-    real-wheel lane, the real route (one adapter)."""
-    return "real" if REAL_D3D12 is not None else adapters
+    real-wheel lane, the real route with as many."""
+    return f"real:{adapters}" if REAL_D3D12 is not None else adapters
 
 
 @functools.cache
@@ -200,7 +202,8 @@ def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: s
     each ``options`` entry -> ``DMLSHIM_<NAME>``; ``env`` adds more variables. Other keyword
     arguments go to :func:`subprocess.run`. ``wsl=N``: inside the WSL harness with N adapters
     (:func:`on_users_path`; with ``device=None`` that is the users' path); ``wsl="real"``: on
-    the real wheel and D3D12 library of the real-wheel lane (:func:`on_real_wheel`).
+    the real wheel and D3D12 library of the real-wheel lane (:func:`on_real_wheel`;
+    ``"real:N"``: N adapters).
     """
     path = script_path(script)
     str_args = [str(a) for a in args]

@@ -140,7 +140,7 @@ def build_wsl_libs(adapters: int = 1, float64: bool = False, memory_mib: int = 0
     return os.path.join(_build_once(name, fill), "lib")
 
 
-def build_real_wsl_libs(d3d12: str) -> str:
+def build_real_wsl_libs(d3d12: str, adapters: int = 1) -> str:
     """A folder for ``/usr/lib/wsl/lib`` with WSL's ``libd3d12.so``/``libdxcore.so`` over the
     real D3D12 library ``d3d12`` (a file): it and every other shared library of its folder (a
     vkd3d-proton build loads its ``libvkd3d-proton-d3d12core.so`` by name) are copied beside
@@ -165,10 +165,13 @@ def build_real_wsl_libs(d3d12: str) -> str:
         _cc(os.path.join(lib, "libd3d12.so"), "wsl_d3d12.c", [f'REAL_D3D12="{real}"'],
             link=[f"-Wl,--version-script={os.path.join(HERE, 'wsl_d3d12.map')}", "-ldl",
                   "-lpthread"], visibility_hidden=True)
-        _cc(os.path.join(lib, "libdxcore.so"), "wsl_dxcore.c", link=["-ldl", "-lpthread"],
-            visibility_hidden=True)
+        _cc(os.path.join(lib, "libdxcore.so"), "wsl_dxcore.c", [f"ADAPTERS={adapters}"],
+            link=["-ldl", "-lpthread"], visibility_hidden=True)
 
-    return os.path.join(_build_once(f"wsl-real-{_digest(*stamp)}", fill), "lib")
+    if not 1 <= adapters <= 16:
+        raise ValueError(f"emulated_dml.wheel: adapters must be 1..16, got {adapters}")
+    name = f"wsl-real-{adapters}-{_digest(*stamp)}"
+    return os.path.join(_build_once(name, fill), "lib")
 
 
 def _mkdir(path: str) -> str:

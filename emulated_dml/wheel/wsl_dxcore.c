@@ -11,7 +11,11 @@
  * DriverVersion, DedicatedAdapterMemory, IsIntegrated), IsAttributeSupported, GetAdapterByLuid.
  * COM objects in C: every method takes `this` first (System V convention, as the wheel calls
  * them); C++'s `bool` is C's _Bool. The adapter says it is hardware: the wheel leaves software
- * adapters out. */
+ * adapters out.
+ *
+ * -DADAPTERS=N reports N adapters, all the same device (for multi-adapter code paths: one rank
+ * per adapter); adapter i's LUID is the device's plus i, its name the device's with " #i" after
+ * the first. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -41,6 +45,9 @@ enum {
     PROP_HARDWARE_ID_PARTS = 14,
 };
 #define STATE_ADAPTER_MEMORY_BUDGET 1
+#ifndef ADAPTERS
+#define ADAPTERS 1
+#endif
 
 static struct {
     int ready;
@@ -151,8 +158,8 @@ static int ensure_luid(void) {
 
 /* -- the three objects: static singletons (their lifetime is the process's) ----------------- */
 
-typedef struct { void *const *lpVtbl; } Obj;
-static Obj factory_obj, list_obj, adapter_obj;
+typedef struct { void *const *lpVtbl; int index; } Obj;
+static Obj factory_obj, list_obj, adapter_objs[ADAPTERS];
 
 static const GUID IID_UNKNOWN = {0x00000000, 0x0000, 0x0000,
                                  {0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x46}};
@@ -180,9 +187,10 @@ static unsigned long release(void *self) { (void)self; return 1; }
 
 /* IDXCoreAdapter */
 static HRESULT adapter_qi(void *self, const GUID *iid, void **out) {
-    (void)self;
-    return give(&adapter_obj, &IID_ADAPTER, iid, out);
+    return give((Obj *)self, &IID_ADAPTER, iid, out);
 }
+
+static int index_of(void *self) { return ((Obj *)self)->index; }
 static _Bool adapter_is_valid(void *self) { (void)self; return ensure_info(); }
 static _Bool adapter_is_attribute_supported(void *self, const GUID *attribute) {
     (void)self;
@@ -190,11 +198,22 @@ static _Bool adapter_is_attribute_supported(void *self, const GUID *attribute) {
     return 1;
 }
 
-static size_t property_size(uint32_t property) {
+/* the adapter's name: the device's, " #i" after it for adapters past the first */
+static void adapter_name(int index, char *out, size_t size) {
+    if (index == 0)
+        snprintf(out, size, "%s", info.name);
+    else
+        snprintf(out, size, "%s #%d", info.name, index);
+}
+
+static size_t property_size(uint32_t property, int index) {
+    char name[sizeof info.name + 16];
     switch (property) {
     case PROP_INSTANCE_LUID: return sizeof(LUID);
     case PROP_DRIVER_VERSION: return sizeof(uint64_t);
-    case PROP_DRIVER_DESCRIPTION: return strlen(info.name) + 1;
+    case PROP_DRIVER_DESCRIPTION:
+        adapter_name(index, name, sizeof name);
+        return strlen(name) + 1;
     case PROP_HARDWARE_ID: return 4 * sizeof(uint32_t);
     case PROP_KMD_MODEL_VERSION: return sizeof(uint32_t);
     case PROP_COMPUTE_PREEMPTION: case PROP_GRAPHICS_PREEMPTION: return sizeof(uint16_t);
@@ -208,17 +227,15 @@ static size_t property_size(uint32_t property) {
 }
 
 static _Bool adapter_is_property_supported(void *self, uint32_t property) {
-    (void)self;
-    return property_size(property) != 0;
+    return property_size(property, index_of(self)) != 0;
 }
 
 static HRESULT adapter_get_property_size(void *self, uint32_t property, size_t *size) {
-    (void)self;
     if (size == NULL)
         return E_POINTER;
     if (!ensure_info())
         return E_FAIL;
-    *size = property_size(property);
+    *size = property_size(property, index_of(self));
     return *size ? S_OK : E_INVALIDARG;
 }
 
@@ -228,12 +245,14 @@ static HRESULT adapter_get_property(void *self, uint32_t property, size_t size, 
     uint64_t u64 = 0;
     _Bool flag = 0;
     const void *src = &u64;
-    (void)self;
+    LUID luid;
+    char name[sizeof info.name + 16];
+    int index = index_of(self);
     if (data == NULL)
         return E_POINTER;
     if (!ensure_info())
         return E_FAIL;
-    need = property_size(property);
+    need = property_size(property, index);
     if (need == 0)
         return E_INVALIDARG;
     if (size < need)
@@ -242,10 +261,15 @@ static HRESULT adapter_get_property(void *self, uint32_t property, size_t size, 
     case PROP_INSTANCE_LUID:
         if (!ensure_luid())
             return E_FAIL;
-        src = &info.luid;
+        luid = info.luid;
+        luid.LowPart += (uint32_t)index;
+        src = &luid;
         break;
     case PROP_DRIVER_VERSION: u64 = info.driver_version; break;
-    case PROP_DRIVER_DESCRIPTION: src = info.name; break;
+    case PROP_DRIVER_DESCRIPTION:
+        adapter_name(index, name, sizeof name);
+        src = name;
+        break;
     case PROP_HARDWARE_ID:
         ids[0] = info.vendor; ids[1] = info.device; ids[2] = 0; ids[3] = 0;
         src = ids;
@@ -325,11 +349,14 @@ static HRESULT list_qi(void *self, const GUID *iid, void **out) {
 }
 static HRESULT list_get_adapter(void *self, uint32_t index, const GUID *iid, void **out) {
     (void)self;
-    if (index != 0 || !ensure_info())
+    if (index >= ADAPTERS || !ensure_info())
         return E_INVALIDARG;
-    return give(&adapter_obj, &IID_ADAPTER, iid, out);
+    return give(&adapter_objs[index], &IID_ADAPTER, iid, out);
 }
-static uint32_t list_get_adapter_count(void *self) { (void)self; return ensure_info() ? 1 : 0; }
+static uint32_t list_get_adapter_count(void *self) {
+    (void)self;
+    return ensure_info() ? ADAPTERS : 0;
+}
 static _Bool list_is_stale(void *self) { (void)self; return 0; }
 static HRESULT list_get_factory(void *self, const GUID *iid, void **out) {
     (void)self;
@@ -362,12 +389,14 @@ static HRESULT factory_create_adapter_list(void *self, uint32_t count, const GUI
 }
 static HRESULT factory_get_adapter_by_luid(void *self, const LUID *luid, const GUID *iid,
                                            void **out) {
+    uint32_t index;
     (void)self;
     if (luid == NULL || !ensure_luid())
         return E_INVALIDARG;
-    if (memcmp(luid, &info.luid, sizeof *luid) != 0)
+    index = luid->LowPart - info.luid.LowPart;
+    if (luid->HighPart != info.luid.HighPart || index >= ADAPTERS)
         return E_INVALIDARG;
-    return give(&adapter_obj, &IID_ADAPTER, iid, out);
+    return give(&adapter_objs[index], &IID_ADAPTER, iid, out);
 }
 static _Bool factory_is_notification_supported(void *self, uint32_t type) {
     (void)self; (void)type;
@@ -389,10 +418,14 @@ static void *const factory_vtbl[] = {
     (void *)factory_register, (void *)factory_unregister,
 };
 
-static Obj factory_obj = {factory_vtbl};
-static Obj list_obj = {list_vtbl};
-static Obj adapter_obj = {adapter_vtbl};
+static Obj factory_obj = {factory_vtbl, 0};
+static Obj list_obj = {list_vtbl, 0};
 
 EXPORT HRESULT DXCoreCreateAdapterFactory(const GUID *iid, void **out) {
+    int i;
+    for (i = 0; i < ADAPTERS; i++) {
+        adapter_objs[i].lpVtbl = adapter_vtbl;
+        adapter_objs[i].index = i;
+    }
     return give(&factory_obj, &IID_FACTORY, iid, out);
 }

@@ -24,6 +24,7 @@ from helpers import (
     describe,
     first_difference,
     losses,
+    on_real_wheel,
     on_users_path,
     option_env,
     run_native,
@@ -130,7 +131,8 @@ def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
     """``python -m <module_args>``, natively (``device=None``) or as ``python -m dmlshim -m
     <module_args>`` (launchers such as ``accelerate launch``, whose ranks inherit the shim).
     ``wsl=N``: shimmed with default options inside the WSL harness with N adapters (the users'
-    path; ``device`` is then ignored: ``auto`` decides)."""
+    path, on the real wheel in the real-wheel lane; ``device`` is then ignored: ``auto``
+    decides)."""
     extra = dict(env or {})
     cmd = [sys.executable]
     if wsl:
@@ -140,7 +142,8 @@ def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
         cmd += ["-m", "dmlshim"]
     cmd += ["-m", *module_args]
     if wsl:
-        cmd = on_users_path(cmd, adapters=wsl)
+        lane = users_lane(wsl)
+        cmd = on_real_wheel(cmd, wsl) if isinstance(lane, str) else on_users_path(cmd, wsl)
     return subprocess.run(cmd, env=clean_env(**fw_env(**extra)), cwd=str(cwd),
                           capture_output=True, text=True, timeout=TIMEOUT, check=False)
 
