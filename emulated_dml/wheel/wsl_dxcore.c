@@ -21,9 +21,54 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <vulkan/vulkan.h>
-
 #include "wsl_abi.h"
+
+/* The few Vulkan 1.0 declarations used (from vulkan_core.h; no build dependency on its headers). */
+typedef struct VkInstance_T *VkInstance;
+typedef struct VkPhysicalDevice_T *VkPhysicalDevice;
+typedef void (*PFN_vkVoidFunction)(void);
+typedef PFN_vkVoidFunction (*PFN_vkGetInstanceProcAddr)(VkInstance, const char *);
+typedef struct {
+    int32_t sType; /* VK_STRUCTURE_TYPE_APPLICATION_INFO = 0 */
+    const void *pNext;
+    const char *pApplicationName;
+    uint32_t applicationVersion;
+    const char *pEngineName;
+    uint32_t engineVersion, apiVersion;
+} VkApplicationInfo;
+typedef struct {
+    int32_t sType; /* VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO = 1 */
+    const void *pNext;
+    uint32_t flags;
+    const VkApplicationInfo *pApplicationInfo;
+    uint32_t enabledLayerCount;
+    const char *const *ppEnabledLayerNames;
+    uint32_t enabledExtensionCount;
+    const char *const *ppEnabledExtensionNames;
+} VkInstanceCreateInfo;
+typedef int32_t (*PFN_vkCreateInstance)(const VkInstanceCreateInfo *, const void *, VkInstance *);
+typedef int32_t (*PFN_vkEnumeratePhysicalDevices)(VkInstance, uint32_t *, VkPhysicalDevice *);
+typedef void (*PFN_vkGetPhysicalDevice)(VkPhysicalDevice, void *);
+typedef void (*PFN_vkDestroyInstance)(VkInstance, const void *);
+/* VkPhysicalDeviceProperties: apiVersion, driverVersion, vendorID, deviceID, deviceType, then
+ * deviceName[256] at byte 20 (the limits that follow are not read: a large enough buffer) */
+#define VK_PROPS_DRIVER_VERSION 1
+#define VK_PROPS_VENDOR_ID 2
+#define VK_PROPS_DEVICE_ID 3
+#define VK_PROPS_DEVICE_TYPE 4
+#define VK_PROPS_DEVICE_NAME 20
+#define VK_DEVICE_TYPE_INTEGRATED_GPU 1
+#define VK_DEVICE_TYPE_CPU 4
+/* VkPhysicalDeviceMemoryProperties: memoryTypeCount, memoryTypes[32] (8 bytes each), then
+ * memoryHeapCount at byte 260 and memoryHeaps[16] at 264: {VkDeviceSize size; flags; pad} */
+typedef struct {
+    uint32_t memoryTypeCount;
+    uint32_t memoryTypes[32][2];
+    uint32_t memoryHeapCount;
+    struct { uint64_t size; uint32_t flags; } memoryHeaps[16];
+} VkMemoryProperties;
+#define VK_MEMORY_HEAP_DEVICE_LOCAL 0x1
+_Static_assert(sizeof(VkMemoryProperties) == 520, "VkPhysicalDeviceMemoryProperties");
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -65,34 +110,30 @@ static int read_vulkan(void) {
     PFN_vkGetInstanceProcAddr gipa;
     PFN_vkCreateInstance create;
     PFN_vkEnumeratePhysicalDevices enumerate;
-    PFN_vkGetPhysicalDeviceProperties properties;
-    PFN_vkGetPhysicalDeviceMemoryProperties memory;
+    PFN_vkGetPhysicalDevice properties, memory;
     PFN_vkDestroyInstance destroy;
-    VkApplicationInfo app = {VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "emulated_dml", 1, NULL,
-                             0, VK_API_VERSION_1_1};
-    VkInstanceCreateInfo ci = {VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, NULL, 0, &app, 0, NULL,
-                               0, NULL};
+    VkApplicationInfo app = {0, NULL, "emulated_dml", 1, NULL, 0, (1u << 22) | (1u << 12)};
+    VkInstanceCreateInfo ci = {1, NULL, 0, &app, 0, NULL, 0, NULL};
     VkInstance instance;
     VkPhysicalDevice phys[8];
     uint32_t n = 8, i;
-    VkPhysicalDeviceProperties props;
-    VkPhysicalDeviceMemoryProperties mem;
+    uint64_t props_buffer[1024]; /* VkPhysicalDeviceProperties is 824 bytes */
+    const uint32_t *props = (const uint32_t *)props_buffer;
+    VkMemoryProperties mem;
 
     if (vk == NULL) {
         fprintf(stderr, "emulated_dml wsl_dxcore: cannot load libvulkan.so.1: %s\n", dlerror());
         return -1;
     }
     gipa = (PFN_vkGetInstanceProcAddr)dlsym(vk, "vkGetInstanceProcAddr");
-    create = (PFN_vkCreateInstance)gipa(NULL, "vkCreateInstance");
-    if (create == NULL || create(&ci, NULL, &instance) != VK_SUCCESS) {
+    create = gipa ? (PFN_vkCreateInstance)gipa(NULL, "vkCreateInstance") : NULL;
+    if (create == NULL || create(&ci, NULL, &instance) != 0) {
         fprintf(stderr, "emulated_dml wsl_dxcore: vkCreateInstance failed\n");
         return -1;
     }
     enumerate = (PFN_vkEnumeratePhysicalDevices)gipa(instance, "vkEnumeratePhysicalDevices");
-    properties = (PFN_vkGetPhysicalDeviceProperties)gipa(instance,
-                                                         "vkGetPhysicalDeviceProperties");
-    memory = (PFN_vkGetPhysicalDeviceMemoryProperties)gipa(
-        instance, "vkGetPhysicalDeviceMemoryProperties");
+    properties = (PFN_vkGetPhysicalDevice)gipa(instance, "vkGetPhysicalDeviceProperties");
+    memory = (PFN_vkGetPhysicalDevice)gipa(instance, "vkGetPhysicalDeviceMemoryProperties");
     destroy = (PFN_vkDestroyInstance)gipa(instance, "vkDestroyInstance");
     if (enumerate(instance, &n, phys) < 0 || n == 0) {
         fprintf(stderr, "emulated_dml wsl_dxcore: no Vulkan device\n");
@@ -100,16 +141,17 @@ static int read_vulkan(void) {
         return -1;
     }
     /* the device vkd3d-proton picks by default: the first one */
-    properties(phys[0], &props);
+    memset(props_buffer, 0, sizeof props_buffer);
+    properties(phys[0], props_buffer);
     memory(phys[0], &mem);
-    snprintf(info.name, sizeof info.name, "%s", props.deviceName);
-    info.vendor = props.vendorID;
-    info.device = props.deviceID;
-    info.driver_version = props.driverVersion;
-    info.integrated = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ||
-                      props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
-    for (i = 0; i < mem.memoryHeapCount; i++) {
-        if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+    snprintf(info.name, sizeof info.name, "%s", (const char *)props_buffer + VK_PROPS_DEVICE_NAME);
+    info.vendor = props[VK_PROPS_VENDOR_ID];
+    info.device = props[VK_PROPS_DEVICE_ID];
+    info.driver_version = props[VK_PROPS_DRIVER_VERSION];
+    info.integrated = props[VK_PROPS_DEVICE_TYPE] == VK_DEVICE_TYPE_INTEGRATED_GPU ||
+                      props[VK_PROPS_DEVICE_TYPE] == VK_DEVICE_TYPE_CPU;
+    for (i = 0; i < mem.memoryHeapCount && i < 16; i++) {
+        if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL) {
             if (info.dedicated == 0)
                 info.dedicated = mem.memoryHeaps[i].size;
         } else if (info.shared == 0) {
