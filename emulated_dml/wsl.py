@@ -1,5 +1,6 @@
 """``python -m emulated_dml.wsl [--adapters N] [--float64] [--memory MIB] -- CMD ...``: run CMD
-as on WSL.
+as on WSL; ``python -m emulated_dml.wsl --d3d12 PATH -- CMD ...``: the same over a real D3D12
+library, with the real torch-directml wheel.
 
 CMD runs in a private mount namespace (``unshare -m``; ``unshare -rm`` when not root) that
 has what a WSL2 machine with a DirectML adapter has and nothing of it leaks out:
@@ -13,6 +14,14 @@ has what a WSL2 machine with a DirectML adapter has and nothing of it leaks out:
 * the stand-in ``torch_directml`` (emulated_dml.wheel: the wheel's API and folder layout,
   stub libraries included; the device is emulated_dml's emulator) first on ``PYTHONPATH``,
   so it shadows an installed wheel.
+
+With ``--d3d12 PATH``, the real route: ``/usr/lib/wsl/lib``
+holds WSL's ``libd3d12.so``/``libdxcore.so`` as the project's adapter over the real D3D12
+library PATH (a vkd3d-proton build's ``libvkd3d-proton-d3d12.so``: D3D12 on Vulkan, here on
+Mesa's lavapipe) and the library's folder, and nothing is put on ``PYTHONPATH``: CMD's python
+imports the torch_directml it has installed (the real wheel, whose ``libdirectml.so`` and native
+extension then run on a real D3D12 device). emulated_dml/wheel/wsl_d3d12.c and wsl_dxcore.c say
+what the adapter changes. The D3D12 library is not built by the project.
 
 No file is created outside a temporary folder: the namespace's mounts are the only change,
 and they end with CMD. The exit status is CMD's (128 + N when a signal N ended it).
@@ -149,8 +158,16 @@ def _inner(tmp: str, site: str, wsl_lib: str, rootless: bool, cmd: List[str]) ->
     except (HarnessError, OSError) as err:
         print(str(err), file=sys.stderr)
         return 125
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = site if not old else site + os.pathsep + old
+    if not site:
+        # WSL's D3D12 prints nothing; vkd3d-proton logs at info level unless told otherwise
+        os.environ.setdefault("VKD3D_DEBUG", "none")
+        os.environ.setdefault("VKD3D_SHADER_DEBUG", "none")
+        # its pipeline cache goes to the cwd unless told where: the harness's cache folder
+        os.environ.setdefault("VKD3D_SHADER_CACHE_PATH", _mkdir(_builder().cache_root(),
+                                                                "vkd3d-shader-cache"))
+    if site:
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = site if not old else site + os.pathsep + old
     try:
         os.execvp(cmd[0], cmd)
     except OSError as err:
@@ -169,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", type=int, default=0, metavar="MIB",
                    help="video memory of each adapter in MiB (default 0: unlimited); past it "
                         "the wheel's untyped out-of-memory RuntimeError")
+    p.add_argument("--d3d12", metavar="PATH",
+                   help="a real D3D12 library (vkd3d-proton's libvkd3d-proton-d3d12.so): the "
+                        "installed torch-directml wheel runs on it, not the stand-in")
     p.add_argument("--inner", nargs=4, metavar=("TMP", "SITE", "LIB", "ROOTLESS"),
                    help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
@@ -190,8 +210,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 125
     builder = _builder()
     try:
-        site = builder.build_standin()
-        lib = builder.build_wsl_libs(args.adapters, args.float64, args.memory)
+        if args.d3d12:
+            site, lib = "", builder.build_real_wsl_libs(args.d3d12, args.adapters)
+        else:
+            site = builder.build_standin()
+            lib = builder.build_wsl_libs(args.adapters, args.float64, args.memory)
     except (builder.BuildError, ValueError) as err:
         print(str(err), file=sys.stderr)
         return 125

@@ -23,6 +23,10 @@ def pytest_addoption(parser):
     parser.addoption("--tier", choices=TIERS, default="fast",
                      help="fast (default): every area in minutes; rest: the tests marked slow; "
                           "all: both")
+    parser.addoption("--real-d3d12", metavar="PATH", default=None,
+                     help="the real-wheel lane: run only the tests marked real_d3d12, on the "
+                          "real torch-directml wheel installed here over the real D3D12 library "
+                          "PATH (vkd3d-proton's libvkd3d-proton-d3d12.so) in the WSL harness")
 
 
 # The rest tier besides tests marked slow where they are written: the longest tests of the
@@ -103,19 +107,34 @@ def _slow(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # The real-wheel lane is a lane of its own: with --real-d3d12 only its tests run (all of
+    # them), without it none do (they need the library, which the project does not build).
+    real = config.getoption("--real-d3d12") is not None
     tier = config.getoption("--tier")
-    if tier == "all":
-        return
-    want_slow = tier == "rest"
     keep, drop = [], []
     for item in items:
-        (keep if _slow(item) == want_slow else drop).append(item)
+        if item.get_closest_marker("real_d3d12") is not None and not real:
+            drop.append(item)
+        elif real and item.get_closest_marker("real_d3d12") is None \
+                and item.get_closest_marker("users_path") is None:
+            drop.append(item)
+        elif real or tier == "all" or _slow(item) == (tier == "rest"):
+            keep.append(item)
+        else:
+            drop.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
 def pytest_configure(config):
+    real = config.getoption("--real-d3d12")
+    if real is not None:
+        import helpers
+
+        if not os.path.isfile(real):
+            raise pytest.UsageError(f"--real-d3d12 {real}: no such file")
+        helpers.REAL_D3D12 = os.path.abspath(real)
     # PyTorch's autograd engine sizes its per-device queues at the first backward() of the
     # process: the emulated device's guard must exist before any CPU test runs backward().
     if "torch_directml" not in sys.modules:

@@ -109,19 +109,65 @@ def on_users_path(cmd: Sequence[str], adapters: int = 1, memory_mib: int = 0) ->
             "--memory", str(memory_mib), "--", *map(str, cmd)]
 
 
+# the real D3D12 library of the real-wheel lane (pytest --real-d3d12 PATH), else None
+REAL_D3D12: Optional[str] = None
+
+
+def on_real_wheel(cmd: Sequence[str], adapters: int = 1) -> List[str]:
+    """``cmd`` inside the WSL harness's real route: the torch-directml wheel installed in this
+    interpreter's environment on the real D3D12 library of ``pytest --real-d3d12``
+    (``adapters`` adapters, all its one device)."""
+    if REAL_D3D12 is None:
+        raise RuntimeError("on_real_wheel: run pytest with --real-d3d12 PATH")
+    return [sys.executable, str(WSL_HARNESS), "--d3d12", REAL_D3D12, "--adapters",
+            str(adapters), "--", *map(str, cmd)]
+
+
 def gradient_alarms(stderr: str) -> List[str]:
     """The no-gradient alarm's lines in ``stderr``."""
     return [line for line in stderr.splitlines() if any(a in line for a in GRADIENT_ALARMS)]
 
 
 def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
-         timeout: float, wsl: int = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
-    if wsl:
-        cmd = on_users_path(cmd, adapters=wsl)
+         timeout: float, wsl: Union[int, str] = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
+    if isinstance(wsl, str):  # "real" or "real:N"
+        cmd = on_real_wheel(cmd, int(wsl.partition(":")[2] or 1))
+    elif wsl:
+        cmd = on_users_path(cmd, adapters=int(wsl))
     return subprocess.run(
         list(cmd), env=dict(env), cwd=str(cwd) if cwd is not None else neutral_cwd(),
         capture_output=True, text=True, timeout=timeout, check=False, **kw,
     )
+
+
+# How far losses on the real adapter may lie from a native CPU run's after a few steps: another
+# device's float32 (its own summation orders and fused kernels), not a skipped update.
+REAL_REL = 2e-3
+
+
+def users_lane(adapters: int = 1) -> Union[int, str]:
+    """``wsl=`` for the users' path: the stand-in with ``adapters`` adapters, or, in the
+    real-wheel lane, the real route with as many."""
+    return f"real:{adapters}" if REAL_D3D12 is not None else adapters
+
+
+@functools.cache
+def users_adapter_name() -> str:
+    """The name dmlshim reports for adapter 0 on the users' path (no trailing NUL)."""
+    if REAL_D3D12 is None:
+        return "Emulated DirectML Adapter 0 (emulated_dml)"
+    proc = run_wsl([sys.executable, "-c",
+                    "import torch_directml as d; print(repr(d.device_name(0)))"])
+    assert proc.returncode == 0, describe(proc)
+    return ast.literal_eval(proc.stdout.strip().splitlines()[-1]).rstrip("\0")
+
+
+def run_wsl(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
+            wsl: Union[int, str] = "real", timeout: float = 900.0,
+            cwd: Optional[PathLike] = None) -> subprocess.CompletedProcess[str]:
+    """``cmd`` (no dmlshim unless it says so) in the WSL harness: ``wsl="real"`` the real-wheel
+    lane's real route, N the stand-in with N adapters; ``env`` defaults to :func:`clean_env`."""
+    return _run(cmd, clean_env() if env is None else env, cwd, timeout, wsl=wsl)
 
 
 @functools.cache
@@ -147,7 +193,7 @@ def run_native(script: PathLike, *args: str, env: Optional[Mapping[str, str]] = 
 def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: str = "runner",
              options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
              cwd: Optional[PathLike] = None, timeout: float = DEFAULT_TIMEOUT,
-             wsl: int = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
+             wsl: Union[int, str] = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``script`` under dmlshim.
 
     ``via="runner"``: ``python -m dmlshim script args``. ``via="import"``: a copy of the script,
@@ -155,7 +201,9 @@ def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: s
     the environment: ``device`` -> ``DMLSHIM_DEVICE`` (``None``: leave unset, i.e. auto) and
     each ``options`` entry -> ``DMLSHIM_<NAME>``; ``env`` adds more variables. Other keyword
     arguments go to :func:`subprocess.run`. ``wsl=N``: inside the WSL harness with N adapters
-    (:func:`on_users_path`; with ``device=None`` that is the users' path).
+    (:func:`on_users_path`; with ``device=None`` that is the users' path); ``wsl="real"``: on
+    the real wheel and D3D12 library of the real-wheel lane (:func:`on_real_wheel`;
+    ``"real:N"``: N adapters).
     """
     path = script_path(script)
     str_args = [str(a) for a in args]

@@ -8,6 +8,12 @@ that report ``adapters`` adapters: the harness (:mod:`emulated_dml.wsl`) mounts 
 ``/usr/lib/wsl/lib`` and lists it in the loader cache. The libraries are compiled with the C
 compiler (``cc``; ``CC`` overrides) once per source version into ``EMULATED_DML_CACHE``
 (default ``~/.cache/emulated_dml``), like the emulator's C++ device guard.
+
+:func:`build_real_wsl_libs` is the real route: WSL's ``libd3d12.so``/``libdxcore.so`` over a
+real D3D12 library (a vkd3d-proton build, D3D12 on Vulkan), written in the project's C
+(``wsl_d3d12.c``: by-value struct returns, tiled resources absent, the fence wait;
+``wsl_dxcore.c``: one adapter, the Vulkan device's). The real torch-directml wheel then runs on
+it as on WSL. Nothing of the D3D12 library is built here: it is given by path.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "standin")
 VERSION = "0.2.5.dev240914+emulated"
 CACHE_ENV = "EMULATED_DML_CACHE"
-_C_FILES = ("dxcore.h", "stub.h", "dxcore.c", "d3d12.c", "directml.c")
+_C_FILES = ("dxcore.h", "stub.h", "dxcore.c", "d3d12.c", "directml.c", "wsl_abi.h", "wsl_d3d12.c",
+            "wsl_d3d12.map", "wsl_dxcore.c")
+WSL_LIB = "/usr/lib/wsl/lib"
 
 
 class BuildError(RuntimeError):
@@ -52,13 +60,15 @@ def _digest(*extra: str) -> str:
     return h.hexdigest()[:12]
 
 
-def _cc(out: str, source: str, defines: Sequence[str] = (), link: Sequence[str] = ()) -> None:
+def _cc(out: str, source: str, defines: Sequence[str] = (), link: Sequence[str] = (),
+        visibility_hidden: bool = False) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise BuildError("emulated_dml.wheel: no C compiler (cc or gcc) to build the stand-in's "
                          "libraries; install gcc")
     # No -soname and no rpath: like the wheel's libraries, found by file name by the loader.
     cmd: List[str] = [compiler, "-shared", "-fPIC", "-O1", "-I", HERE,
+                      *(["-fvisibility=hidden"] if visibility_hidden else []),
                       *(f"-D{d}" for d in defines), "-o", out, os.path.join(HERE, source),
                       "-Wl,--no-as-needed", *link]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -127,6 +137,40 @@ def build_wsl_libs(adapters: int = 1, float64: bool = False, memory_mib: int = 0
         _cc(os.path.join(lib, "libdxcore.so"), "dxcore.c", defines)
 
     name = f"wsl-{adapters}{'-f64' if float64 else ''}-{memory_mib}-{_digest(*defines)}"
+    return os.path.join(_build_once(name, fill), "lib")
+
+
+def build_real_wsl_libs(d3d12: str, adapters: int = 1) -> str:
+    """A folder for ``/usr/lib/wsl/lib`` with WSL's ``libd3d12.so``/``libdxcore.so`` over the
+    real D3D12 library ``d3d12`` (a file): it and every other shared library of its folder (a
+    vkd3d-proton build loads its ``libvkd3d-proton-d3d12core.so`` by name) are copied beside
+    them, and the adapter loads it from ``/usr/lib/wsl/lib``, where the harness mounts the
+    folder."""
+    d3d12 = os.path.realpath(d3d12)
+    if not os.path.isfile(d3d12):
+        raise BuildError(f"emulated_dml.wheel: the D3D12 library {d3d12} does not exist")
+    folder_of = os.path.dirname(d3d12)
+    siblings = sorted(n for n in os.listdir(folder_of) if ".so" in n and
+                      os.path.isfile(os.path.join(folder_of, n)))
+    stamp = [d3d12] + [f"{n}:{os.path.getmtime(os.path.join(folder_of, n))}" for n in siblings]
+    real = f"{WSL_LIB}/{os.path.basename(d3d12)}"
+    if os.path.basename(d3d12) in ("libd3d12.so", "libdxcore.so"):
+        raise BuildError(f"emulated_dml.wheel: rename {d3d12}: the harness's own libraries "
+                         "take that name in /usr/lib/wsl/lib")
+
+    def fill(folder: str) -> None:
+        lib = _mkdir(os.path.join(folder, "lib"))
+        for name in siblings:
+            shutil.copy(os.path.join(folder_of, name), lib)
+        _cc(os.path.join(lib, "libd3d12.so"), "wsl_d3d12.c", [f'REAL_D3D12="{real}"'],
+            link=[f"-Wl,--version-script={os.path.join(HERE, 'wsl_d3d12.map')}", "-ldl",
+                  "-lpthread"], visibility_hidden=True)
+        _cc(os.path.join(lib, "libdxcore.so"), "wsl_dxcore.c", [f"ADAPTERS={adapters}"],
+            link=["-ldl", "-lpthread"], visibility_hidden=True)
+
+    if not 1 <= adapters <= 16:
+        raise ValueError(f"emulated_dml.wheel: adapters must be 1..16, got {adapters}")
+    name = f"wsl-real-{adapters}-{_digest(*stamp)}"
     return os.path.join(_build_once(name, fill), "lib")
 
 

@@ -24,10 +24,12 @@ from helpers import (
     describe,
     first_difference,
     losses,
+    on_real_wheel,
     on_users_path,
     option_env,
     run_native,
     run_shim,
+    users_lane,
 )
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -120,7 +122,7 @@ def users_path(name: str, *args: str, cwd: Path, adapters: int = 1,
     with ``adapters`` adapters (helpers.on_users_path): the path a user with DirectML takes."""
     extra = {**option_env(options), **(env or {})}
     return run_shim(script(name), *args, device=None, env=fw_env(**extra), cwd=cwd,
-                    timeout=TIMEOUT, wsl=adapters)
+                    timeout=TIMEOUT, wsl=users_lane(adapters))
 
 
 def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
@@ -129,7 +131,8 @@ def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
     """``python -m <module_args>``, natively (``device=None``) or as ``python -m dmlshim -m
     <module_args>`` (launchers such as ``accelerate launch``, whose ranks inherit the shim).
     ``wsl=N``: shimmed with default options inside the WSL harness with N adapters (the users'
-    path; ``device`` is then ignored: ``auto`` decides)."""
+    path, on the real wheel in the real-wheel lane; ``device`` is then ignored: ``auto``
+    decides)."""
     extra = dict(env or {})
     cmd = [sys.executable]
     if wsl:
@@ -139,7 +142,8 @@ def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
         cmd += ["-m", "dmlshim"]
     cmd += ["-m", *module_args]
     if wsl:
-        cmd = on_users_path(cmd, adapters=wsl)
+        lane = users_lane(wsl)
+        cmd = on_real_wheel(cmd, wsl) if isinstance(lane, str) else on_users_path(cmd, wsl)
     return subprocess.run(cmd, env=clean_env(**fw_env(**extra)), cwd=str(cwd),
                           capture_output=True, text=True, timeout=TIMEOUT, check=False)
 
