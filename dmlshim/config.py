@@ -25,7 +25,7 @@ EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-
                  "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
                  "channels-last", "layer-norm-nobias", "storage", "inference-mode", "bfloat16",
                  "maxpool-flat-indices", "out-resize", "resize", "unique-counts",
-                 "scatter-partial", "masked-fill-mode")
+                 "scatter-partial", "masked-fill-mode", "out-unsafe", "flip-negative-dims")
 EMULATOR_BUGS = ("bug-ce-none", "bug-mul-bool", "bug-bn-stats", "bug-nll-ignore",
                  "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
 

@@ -21,8 +21,15 @@ can be tested against them:
 * ``reflect-pad``: ``F.pad(mode="reflect")`` on 2-D planes swaps the padding of height and width.
 * ``channels-last``: ``.to(memory_format=torch.channels_last)`` (and ``_3d``) is refused.
 * ``layer-norm-nobias``: the layer-norm backward without a bias fails (see ``_layer_norm_bwd``).
+* ``flip-negative-dims``: ``flip`` with a negative dim raises (the wheel's ``flip_dml_helper``
+  segfaults on it).
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
+
+Always, as the wheel's C++ kernels do: training-mode batch norm, dropout and its backward
+multiply on the device by a wrapped-number scalar (``aten::mul.Tensor``), so a Python kernel
+registered for ``mul.Tensor`` on PrivateUse1 receives that operand as a Python float
+(:func:`_times_scalar`).
 """
 
 from __future__ import annotations
@@ -292,13 +299,18 @@ def _resize_gap(func, plan, args, kwargs):
 
 
 UNIQUE_COUNTS_MESSAGE = "Return counts not implemented for unique operator for DirectML."
+UNIQUE_INVERSE_MESSAGE = "Return inverse not implemented for unique operator for DirectML."
 
 
 def _unique_gap(func, plan, args, kwargs):
-    # _unique2(self, sorted=True, return_inverse=False, return_counts=False)
+    # _unique2(self, sorted=True, return_inverse=False, return_counts=False): the wheel raises
+    # for the counts first, then for the inverse (seen on the real wheel)
+    inverse = args[2] if len(args) > 2 else kwargs.get("return_inverse", False)
     counts = args[3] if len(args) > 3 else kwargs.get("return_counts", False)
     if counts:
         raise RuntimeError(UNIQUE_COUNTS_MESSAGE)
+    if inverse:
+        raise RuntimeError(UNIQUE_INVERSE_MESSAGE)
     return run_on_cpu(func, plan, args, kwargs)
 
 
@@ -332,6 +344,68 @@ def _bilinear_bug(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+# A boxed call takes a Python number for mul's Tensor operand and makes it a wrapped number,
+# as the wheel's C++ kernels pass their scalars: the dispatcher hands it to a Python kernel
+# registered for the device as a Python number again (facts file, "Host-side crashes").
+_mul_boxed = aten.mul.Tensor._op
+
+
+def _times_scalar(t: torch.Tensor, scale: float) -> torch.Tensor:
+    """``t * scale`` on the device, as the wheel's C++ kernels multiply (below autograd)."""
+    return _mul_boxed(t, scale)
+
+
+def _native_dropout(func, plan, args, kwargs):
+    # (input, p, train): the CPU kernel's mask (the same random numbers), and its
+    # input * mask * (1 / (1 - p)) with the last product on the device by a wrapped scalar
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    out, mask = func(*cargs, **ckwargs)
+    p = _arg(cargs, ckwargs, 1, "p")
+    train = _arg(cargs, ckwargs, 2, "train")
+    if cargs[0].numel() == 0 or train is False or not cargs[0].is_floating_point():
+        return wrap(out, index), wrap(mask, index)
+    scale = 0.0 if 1.0 - p == 0 else 1.0 / (1.0 - p)
+    return _times_scalar(wrap(cargs[0].mul(mask), index), scale), wrap(mask, index)
+
+
+def _native_dropout_backward(func, plan, args, kwargs):
+    # (grad_output, mask, scale): grad_output * mask * scale, the last product on the device
+    cargs, ckwargs, index, _ = unwrap(plan, args, kwargs)
+    scale = _arg(cargs, ckwargs, 2, "scale")
+    if len(cargs) > 2:
+        cargs[2] = 1.0
+    else:
+        ckwargs = dict(ckwargs, scale=1.0)
+    return _times_scalar(wrap(func(*cargs, **ckwargs), index), scale)
+
+
+def _native_batch_norm(func, plan, args, kwargs):
+    # (input, weight, bias, running_mean, running_var, training, momentum, eps): in training
+    # the wheel's kernel multiplies by a wrapped scalar on the device; here the saved mean by
+    # 1.0, which leaves it as the CPU's
+    if state.bug_bn_stats:
+        out = _bn_stats_bug(func, plan, args, kwargs)
+    else:
+        out = run_on_cpu(func, plan, args, kwargs)
+    training = args[5] if len(args) > 5 else kwargs.get("training", False)
+    if training and type(out[1]) is EmuTensor and out[1].numel():
+        out = (out[0], _times_scalar(out[1], 1.0)) + tuple(out[2:])
+    return out
+
+
+FLIP_MESSAGE = (
+    "flip with a negative dimension ({dims}): torch-directml 0.2.5's flip_dml_helper does not "
+    "wrap negative dims and segfaults; pass them non-negative (dim % x.dim()). "
+    "(dmlshim emulator, gap flip-negative-dims)")
+
+
+def _flip_gap(func, plan, args, kwargs):
+    dims = args[1] if len(args) > 1 else kwargs["dims"]
+    if any(d < 0 for d in dims):
+        raise RuntimeError(FLIP_MESSAGE.format(dims=list(dims)))
+    return run_on_cpu(func, plan, args, kwargs)
+
+
 def _bn_stats_bug(func, plan, args, kwargs):
     # native_batch_norm(input, weight, bias, running_mean, running_var, training, ...):
     # run with copies of the running statistics so the real ones stay as they were.
@@ -347,6 +421,9 @@ SPECIALS.update({
     "aten::_to_copy": _to_copy,
     "aten::convolution_overrideable": _convolution_overrideable,
     "aten::convolution_backward_overrideable": _convolution_overrideable,
+    "aten::native_dropout": _native_dropout,
+    "aten::native_dropout_backward": _native_dropout_backward,
+    "aten::native_batch_norm": _native_batch_norm,
 })
 
 BUGS.update({
@@ -380,7 +457,8 @@ BUGS.update({
     "aten::resize_": ("resize", _resize_gap),
     "aten::_unique2": ("unique_counts", _unique_gap),
     "aten::_unique2.out": ("unique_counts", _unique_gap),
-    "aten::native_batch_norm": ("bug_bn_stats", _bn_stats_bug),
+    "aten::flip": ("flip_negative_dims", _flip_gap),
+    "aten::flip.out": ("flip_negative_dims", _flip_gap),
     "aten::_native_batch_norm_legit": ("bug_bn_stats", _bn_stats_bug),
     "aten::_batch_norm_with_update": ("bug_bn_stats", _bn_stats_bug),
 })

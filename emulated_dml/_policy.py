@@ -67,6 +67,11 @@ MIXED_DEVICE_OK = frozenset(
     """.split()
 )
 
+# out= overloads the wheel aborts the process on when called from Python, whoever calls them
+# (gap "out-unsafe"; any other out= overload is refused only when a Python kernel registered for
+# the device calls it, see _tensor.check_out_call).
+DANGLING_OUT = frozenset({"aten::nll_loss_forward.output"})
+
 # torch-directml's out= kernels neither resize nor check their output (gap "out-resize"): an
 # empty or wrongly sized out= tensor comes back as it was, silently; these raise instead (the
 # shape check of the kernel's broadcasting copy). Those that PyTorch's own composites call
@@ -91,7 +96,7 @@ _COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFun
 class Plan:
     __slots__ = ("name", "kind", "fallback_name", "writes", "resizes", "mixed_ok", "impl_keys",
                  "special", "bug", "bug_flag", "cpu_impl", "has_device_kw", "tensor_args",
-                 "strict_out")
+                 "strict_out", "out_call", "numbers_ok")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -115,6 +120,11 @@ class Plan:
         # (positional indices, keyword names) of arguments typed Tensor: __torch_dispatch__
         # hands wrapped numbers (x * 2) over as Python scalars, which redispatch rejects.
         self.tensor_args: Tuple[Tuple[int, ...], Tuple[str, ...]] = ((), ())
+        # an out= overload (gap "out-unsafe": a boxed call from Python is unsafe on the wheel)
+        self.out_call = False
+        # whether a Python number may stand in a Tensor argument in a boxed call (the
+        # dispatcher's list: mul, add, sub, div, ...); it then reaches a kernel as a number
+        self.numbers_ok = False
 
 
 def _impl_key(name: str) -> str:
@@ -215,6 +225,9 @@ def build(func: torch._ops.OpOverload, specials: Dict[str, Callable],
         tuple(i for i, a in enumerate(arguments) if not a.kwarg_only and str(a.type) == "Tensor"),
         tuple(a.name for a in arguments if a.kwarg_only and str(a.type) == "Tensor"),
     )
+    plan.out_call = any(_is_out_arg(a) for a in arguments)
+    plan.numbers_ok = torch._C._should_allow_numbers_as_tensors(
+        name.split("::", 1)[1].split(".", 1)[0])
     keys = [_impl_key(name)]
     composite = any(_has_kernel(name, key) for key in _COMPOSITE_KEYS)
     if name in DML_KERNELS_0_2_5 or name in SAFE_COMPOSITES or (composite and _is_view(func)):

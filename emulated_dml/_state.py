@@ -18,7 +18,7 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "nll-none-backward", "masked-fill-uint8", "reflect-pad", "channels-last",
         "layer-norm-nobias", "storage", "inference-mode", "bfloat16", "maxpool-flat-indices",
         "out-resize", "resize", "unique-counts", "scatter-partial",
-        "masked-fill-mode")
+        "masked-fill-mode", "out-unsafe", "flip-negative-dims")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -65,6 +65,8 @@ class _State:
     resize: bool = True
     unique_counts: bool = True
     scatter_partial: bool = True
+    out_unsafe: bool = True
+    flip_negative_dims: bool = True
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False
     bug_scatter_add: bool = False

@@ -13,6 +13,7 @@ import collections
 import copy
 import os
 import sys
+import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -107,16 +108,21 @@ class EmuTensor(torch.Tensor):
             plan = _PLANS[func] = _policy.build(func, SPECIALS, BUGS, CPU_IMPLS)
         if kwargs is None:
             kwargs = {}
-        for key in plan.impl_keys:
-            if key in _impls:  # a PrivateUse1 kernel registered through torch.library
-                return redispatch(func, plan, args, kwargs)
+        if plan.out_call and state.out_unsafe:
+            check_out_call(plan)
+        keys = plan.impl_keys  # PrivateUse1 kernels registered through torch.library:
+        if keys[0] in _impls:  # for the op itself
+            return call_kernel(func, plan, args, kwargs)
+        for key in keys[1:]:  # for its out= variant: PyTorch's structured composite calls it
+            if key in _impls:
+                return run_composite(func, plan, args, kwargs)
         if plan.special is not None:
             return plan.special(func, plan, args, kwargs)
         if plan.bug is not None and getattr(state, plan.bug_flag):
             return plan.bug(func, plan, args, kwargs)
         kind = plan.kind
         if kind == _policy.DECOMPOSE:
-            return redispatch(func, plan, args, kwargs)
+            return run_composite(func, plan, args, kwargs)
         if kind == _policy.FALLBACK:
             return _fallback_call(func, plan, args, kwargs)
         return run_on_cpu(func, plan, args, kwargs)
@@ -442,8 +448,76 @@ def _as_tensor(value):
     return value
 
 
+# Who runs on this thread, innermost last: a Python kernel registered for the device
+# (KERNEL), or C++ (COMPOSITE: PyTorch's composites, C++ kernels), as the wheel's would be.
+KERNEL, COMPOSITE = "kernel", "composite"
+_local = threading.local()
+OUT_UNSAFE_MESSAGE = (
+    "{op} is an out= overload, called from Python{where}: torch-directml 0.2.5's out= kernels "
+    "hand a boxed (Python) caller dangling tensors (nll_loss_forward.output: heap corruption, "
+    "'free(): corrupted unsorted chunks', SIGABRT). Call the functional overload (it allocates "
+    "its result) and copy the result where it must go. (dmlshim emulator, gap out-unsafe)")
+
+
+def callers() -> list:
+    """This thread's stack of KERNEL / COMPOSITE frames (see check_out_call)."""
+    try:
+        return _local.callers
+    except AttributeError:
+        _local.callers = []
+        return _local.callers
+
+
+def check_out_call(plan: _policy.Plan) -> None:
+    """The gap "out-unsafe": an out= overload called from Python. C++ (a composite the emulator
+    runs, standing in for the wheel's C++) may call any; a Python kernel registered for the
+    device may call none; anyone else may not call those that abort (DANGLING_OUT)."""
+    stack = callers()
+    top = stack[-1] if stack else None
+    if top is COMPOSITE:
+        return
+    if top is KERNEL:
+        raise RuntimeError(OUT_UNSAFE_MESSAGE.format(
+            op=plan.name, where=" by a kernel registered for the device"))
+    if plan.name in _policy.DANGLING_OUT:
+        raise RuntimeError(OUT_UNSAFE_MESSAGE.format(op=plan.name, where=""))
+
+
+_PU1_KEY = torch._C.DispatchKey.PrivateUse1
+
+
+def call_kernel(func, plan: _policy.Plan, args, kwargs):
+    """Run the Python kernel registered for ``func`` on PrivateUse1 (torch.library) as the
+    wheel's dispatcher runs it: a wrapped-number operand (``x * 2.0``, and the scalars the
+    wheel's own C++ kernels multiply by) reaches it as a Python number, not a tensor."""
+    positions, names = plan.tensor_args
+    if not plan.numbers_ok:  # (a boxed call takes a number for a Tensor only for these ops)
+        if positions and any(i < len(args) and isinstance(args[i], (int, float, complex))
+                             for i in positions):
+            args = tuple(_as_tensor(a) if i in positions else a for i, a in enumerate(args))
+        if names and kwargs:
+            kwargs = {k: (_as_tensor(v) if k in names else v) for k, v in kwargs.items()}
+    stack = callers()
+    stack.append(KERNEL)
+    try:
+        return func._op_dk(_PU1_KEY, *args, **kwargs)
+    finally:
+        stack.pop()
+
+
+def run_composite(func, plan: _policy.Plan, args, kwargs):
+    """PyTorch's composite (C++) for ``func`` on PrivateUse1: the out= overloads it calls are
+    C++ calls, as the wheel's own."""
+    stack = callers()
+    stack.append(COMPOSITE)
+    try:
+        return redispatch(func, plan, args, kwargs)
+    finally:
+        stack.pop()
+
+
 def redispatch(func, plan: _policy.Plan, args, kwargs):
-    """Run the PrivateUse1 kernel of ``func``: a registered one, or PyTorch's composite."""
+    """Run the PrivateUse1 kernel of ``func``: a C++ one, or PyTorch's composite."""
     positions, names = plan.tensor_args
     if positions and any(i < len(args) and isinstance(args[i], (int, float, complex))
                          for i in positions):
@@ -489,7 +563,7 @@ def _fallback_call(func, plan: _policy.Plan, args, kwargs):
     for name in {plan.name, plan.fallback_name}:
         try:
             if _policy._has_kernel(name, "PrivateUse1"):
-                return redispatch(func, plan, args, kwargs)
+                return run_composite(func, plan, args, kwargs)
         except RuntimeError:
             pass
     if state.fallback:

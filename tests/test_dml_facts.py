@@ -177,6 +177,23 @@ ids = torch.tensor([[3, 1, 3], [2, 1, 3]])
 case("unique_counts", lambda: [enc(t) for t in torch.unique(ids.to(dev), return_inverse=True,
                                                              return_counts=True)])
 case("unique_plain", lambda: enc(torch.unique(ids.to(dev))))
+case("unique_inverse", lambda: [enc(t) for t in torch.unique(ids.to(dev), return_inverse=True)])
+
+# the wheel's host-side crashes: flip with a negative dim (segfault), an out= overload called
+# from Python (nll_loss_forward.output: dangling tensors, SIGABRT)
+def flip_negative():
+    xi = leaf(torch.arange(24.0).reshape(2, 3, 4))
+    y = torch.flip(xi, [-1, 0])
+    (y * torch.arange(24.0).reshape(2, 3, 4).to(dev)).sum().backward()
+    return {"out": enc(y), "grad": enc(xi.grad), "hflip": enc(xi.detach().flip(-1))}
+case("flip_negative", flip_negative)
+def nll_output():
+    ld, td = logits.to(dev), torch.tensor([1, 0, 3, 2, 2]).to(dev)
+    got = torch.ops.aten.nll_loss_forward.output(
+        ld, td, None, 1, -100, output=torch.empty((), device=dev),
+        total_weight=torch.empty((), device=dev))
+    return enc(got[0])
+case("nll_output", nll_output)
 pool_in = torch.randn(2, 2, 4, 4)
 def max_pool():
     xi = leaf(pool_in)
@@ -333,6 +350,7 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "reflect_pad", "reflect_pad_grad", "reflect_pad_square", "reflect_pad_square_grad",
              "ln_weight_only", "ln_neither",
              "ln_weight_input_no_grad", "ln_weight_and_bias", "unique_counts", "unique_plain",
+             "unique_inverse", "flip_negative",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
              "scatter_based"]
 
@@ -393,7 +411,15 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
                                           "tensor b (4) at non-singleton dimension 1")
     assert wheel["unique_counts"]["error"] == (
         "RuntimeError: Return counts not implemented for unique operator for DirectML.")
+    assert wheel["unique_inverse"]["error"] == (
+        "RuntimeError: Return inverse not implemented for unique operator for DirectML.")
     assert close(wheel["unique_plain"], cpu["unique_plain"])
+    # host-side crashes of the wheel, raised: flip with a negative dim; an out= overload called
+    # from Python (whoever calls it: the guards do not make it safe, they never call it)
+    assert "flip_dml_helper" in wheel["flip_negative"]["error"]
+    for run in (wheel, runs["shim"]):
+        assert "out= overload" in run["nll_output"]["error"] and "SIGABRT" in run["nll_output"]["error"]
+    assert "error" not in cpu["nll_output"]
     flat = wheel["max_pool_indices"]["indices"]["values"]
     per_plane = cpu["max_pool_indices"]["indices"]["values"]
     assert flat[-4:] == [v + 48 for v in per_plane[-4:]]  # + (n * C + c) * H * W
@@ -410,7 +436,8 @@ def test_guard_counters(runs):
     assert notes["guard.eye"] >= 2 and notes["guard.mul_bool"] == 4
     assert notes["guard.nll_none"] >= 3 and notes["guard.masked_fill_uint8"] == 1
     assert notes["guard.nll"] > 0 and notes["guard.bilinear"] == 8
-    assert notes["guard.reflect_pad"] == 2 and notes["guard.layer_norm_nobias"] == 3
+    # (reflect padding: the forward only; autograd differentiates its narrow, flip and cat)
+    assert notes["guard.reflect_pad"] == 1 and notes["guard.layer_norm_nobias"] == 3
 
 
 @pytest.mark.parametrize("run", ["shim", "wheel"])
@@ -534,18 +561,21 @@ _REGISTRATIONS = r"""
 import json, warnings
 import torch, torch_directml
 from dmlshim import capabilities, config
-from dmlshim.patches.guard_kernels import KERNEL_GUARDS
+from dmlshim.patches.guard_kernels import KERNEL_GUARDS, KERNEL_KEYS
 from dmlshim.patches.guards import GuardsPatch
 from dmlshim.target import Target
 
 regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
 print("REGS " + json.dumps(sorted(r for r in regs if r.startswith("aten::"))))
 
-# dmlshim's guard kernels go over the wheel's own and give them back at uninstall
-ops = ["aten::" + op for _, _, kernels in KERNEL_GUARDS.values() for op in kernels]
+# dmlshim's guard kernels: input fixes above autograd (the wheel's own kernel stays in place
+# behind them), replacements on PrivateUse1; all given back at uninstall
+ops = {"aten::" + op: KERNEL_KEYS[name] for name, (_, _, kernels) in KERNEL_GUARDS.items()
+       for op in kernels}
 def table():
     return {op: [line for line in torch._C._dispatch_dump_table(op).splitlines()
-                 if line.startswith("PrivateUse1:")] for op in ops}
+                 if line.startswith(("PrivateUse1:", "AutogradPrivateUse1:"))]
+            for op in ops}
 before = table()
 patch = GuardsPatch()
 with warnings.catch_warnings(record=True) as caught:
@@ -555,7 +585,7 @@ with warnings.catch_warnings(record=True) as caught:
 during = table()
 patch.uninstall()
 print("GUARDS " + json.dumps({"before": before, "during": during, "after": table(),
-                              "warnings": [str(w.message) for w in caught]}))
+                              "keys": ops, "warnings": [str(w.message) for w in caught]}))
 """
 
 
@@ -581,9 +611,13 @@ def test_kernel_table_matches_the_installed_wheel():
     assert guards["warnings"] == []  # no "Overriding a previously registered kernel" for users
     assert guards["after"] == guards["before"]
     for op, rows in guards["during"].items():
-        assert rows != guards["before"][op] and "[kernel]" in rows[0], (op, rows)
-    # (some of them replace a kernel of the wheel's, e.g. masked_fill_ and reflection_pad2d)
-    assert "torch_directml" in guards["before"]["aten::masked_fill_.Scalar"][0]
+        key = guards["keys"][op]
+        row = next(r for r in rows if r.startswith(key + ":"))
+        assert row not in guards["before"][op] and "[kernel]" in row, (op, rows)
+        if key == "AutogradPrivateUse1":  # the wheel's own kernel stays, behind the input fix
+            wheels = [r for r in guards["before"][op] if r.startswith("PrivateUse1:")]
+            assert wheels and wheels[0] in rows, (op, rows)
+    assert "torch_directml" in guards["during"]["aten::masked_fill_.Scalar"][0]
 
 
 def test_fallback_collection_leaves_the_scripts_settings_alone(shim):

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition
+from dmlshim.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 
 
 def isneginf_out(self: Tensor, *, out: Tensor) -> Tensor:
-    # Integer and bool tensors never equal -inf: eq gives False there, as isneginf does.
-    return torch.eq(self, float("-inf"), out=out)
+    # Integer and bool tensors never equal -inf: eq gives False there, as isneginf does. (The
+    # functional eq, then a copy: no out= overload of the wheel.)
+    return write_out(out, torch.eq(self, float("-inf")))
 
 
 DECOMPOSITIONS = (

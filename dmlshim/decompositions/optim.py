@@ -23,11 +23,12 @@ from dmlshim.decompositions.base import Decomposition, write_out
 
 def lerp_scalar_out(self: torch.Tensor, end: torch.Tensor, weight, *,
                     out: torch.Tensor) -> torch.Tensor:
-    # The CPU/CUDA formula: the branch keeps the result exact at weight 0 and weight 1.
+    # The CPU/CUDA formula: the branch keeps the result exact at weight 0 and weight 1. (The
+    # functional ops, then a copy: no out= overload of the wheel.)
     diff = torch.sub(end, self)
     if abs(weight) < 0.5:
-        return torch.add(self, diff, alpha=weight, out=out)
-    return torch.sub(end, diff, alpha=1 - weight, out=out)
+        return write_out(out, torch.add(self, diff, alpha=weight))
+    return write_out(out, torch.sub(end, diff, alpha=1 - weight))
 
 
 _foreach_sub = torch._foreach_sub
@@ -59,12 +60,12 @@ def lerp_tensor_out(self: torch.Tensor, end: torch.Tensor, weight: torch.Tensor,
 def clamp_min_tensor_out(self: torch.Tensor, min: torch.Tensor, *,  # noqa: A002 - schema name
                          out: torch.Tensor) -> torch.Tensor:
     # clamp_min with a tensor bound is maximum(): same NaN propagation, same type promotion.
-    return torch.maximum(self, min, out=out)
+    return write_out(out, torch.maximum(self, min))
 
 
 def clamp_max_tensor_out(self: torch.Tensor, max: torch.Tensor, *,  # noqa: A002 - schema name
                          out: torch.Tensor) -> torch.Tensor:
-    return torch.minimum(self, max, out=out)
+    return write_out(out, torch.minimum(self, max))
 
 
 def clamp_tensor_out(self: torch.Tensor, min=None, max=None, *,  # noqa: A002 - schema names

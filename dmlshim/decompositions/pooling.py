@@ -25,6 +25,7 @@ from dmlshim.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
+_ARANGE = torch._C._VariableFunctions.arange  # (see dmlshim.patches.guard_kernels)
 
 
 def _windows(size: int, out_size: int, device) -> Tuple[Tensor, int]:
@@ -46,7 +47,7 @@ def adaptive_max_pool2d_out(self: Tensor, output_size: Sequence[int], *, out: Te
     box = x.index_select(2, rows.reshape(-1)).reshape(n, c, oh, kh, w)
     box = box.index_select(4, cols.reshape(-1)).reshape(n, c, oh, kh, ow, kw)
     box = box.permute(0, 1, 2, 4, 3, 5).reshape(n, c, oh, ow, kh * kw)
-    values, position = torch.max(box, -1)
+    values, position = torch.max(box, 4)  # (dims passed to the wheel non-negative)
     # position -> (row in window, column in window) -> flat index in the (h, w) plane
     row = rows.reshape(1, 1, oh, 1, kh).expand(n, c, oh, ow, kh)
     col = cols.reshape(1, 1, 1, ow, kw).expand(n, c, oh, ow, kw)
@@ -65,7 +66,7 @@ def adaptive_max_pool2d_backward_grad_input(grad_output: Tensor, self: Tensor, i
                                             *, grad_input: Tensor) -> Tensor:
     plane = self.size(-2) * self.size(-1)
     planes = self.numel() // max(plane, 1)
-    offsets = aten.arange.start_step(0, planes * plane, plane, dtype=torch.int64,
+    offsets = _ARANGE(0, planes * plane, plane, dtype=torch.int64,
                                      device=indices.device)
     flat = indices.reshape(planes, -1).long() + offsets.unsqueeze(1)
     value = aten.zeros.default([self.numel()], dtype=grad_output.dtype,
@@ -78,9 +79,10 @@ def replication_pad2d_backward(grad_output: Tensor, self: Tensor,
                                padding: List[int]) -> Tensor:
     left, right, top, bottom = (int(p) for p in padding)
     g = grad_output
-    for dim, before, after, n in ((-1, left, right, self.size(-1)),
-                                  (-2, top, bottom, self.size(-2))):
-        lead = [] if dim == -1 else [0, 0]
+    w, h = g.dim() - 1, g.dim() - 2  # (dims passed to the wheel non-negative)
+    for dim, before, after, n in ((w, left, right, self.size(-1)),
+                                  (h, top, bottom, self.size(-2))):
+        lead = [] if dim == w else [0, 0]
         value = g.narrow(dim, max(before, 0), n + min(before, 0) + min(after, 0))
         if min(before, after) < 0:  # cropping: the cropped part gets no gradient
             value = aten.constant_pad_nd(value, lead + [-min(before, 0), -min(after, 0)])

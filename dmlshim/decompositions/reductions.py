@@ -41,14 +41,15 @@ def cumprod_out(self: Tensor, dim: int, *, dtype: Optional[torch.dtype] = None,
     x = self.to(out.dtype)
     if x.dim() == 0 or x.numel() == 0:
         return write_out(out, x.clone())
-    y = x.movedim(dim % x.dim(), -1)
-    n = y.size(-1)
+    last = x.dim() - 1  # (dims passed to the wheel non-negative)
+    y = x.movedim(dim % x.dim(), last)
+    n = y.size(last)
     shift = 1
     while shift < n:
-        shifted = aten.constant_pad_nd(y.narrow(-1, 0, n - shift), [shift, 0], 1)
+        shifted = aten.constant_pad_nd(y.narrow(last, 0, n - shift), [shift, 0], 1)
         y = y * shifted
         shift *= 2
-    return write_out(out, y.movedim(-1, dim % x.dim()))
+    return write_out(out, y.movedim(last, dim % x.dim()))
 
 
 def _reduced(ndim: int, dim: Sequence[int]) -> List[int]:
@@ -65,7 +66,7 @@ def amin_out(self: Tensor, dim: Sequence[int] = (), keepdim: bool = False, *,
     kept = [d for d in range(self.dim()) if d not in dims]
     moved = self.permute(*kept, *dims)
     flat = moved.reshape(*[self.size(d) for d in kept], -1)
-    value = torch.min(flat, -1).values
+    value = torch.min(flat, flat.dim() - 1).values
     if keepdim:
         shape = [1 if d in dims else self.size(d) for d in range(self.dim())]
         value = value.reshape(shape)

@@ -1,14 +1,15 @@
 """Guards against torch-directml 0.2.5's wrong results and failures (``DMLSHIM_GUARDS=on|off``).
 
 On DirectML (real, or the emulator, which reproduces each of them by default) the operators
-listed in :data:`dmlshim.patches.guard_kernels.KERNEL_GUARDS` get ``PrivateUse1`` kernels
-that compute them from operators the wheel gets right (``torch.library``; nothing wraps a
-Python entry point, and CPU tensors never see them): ``torch.eye`` (#431), float × bool
-multiplication (#686, #737: ``x * m``, ``m * x``, ``torch.mul``, ``x *= m``), the
-``nll_loss``/``cross_entropy(reduction="none")`` backward (#739, #740), ``masked_fill`` with a
-non-bool mask (#702: raises as on the CPU), reflect padding of 2-D planes, and the layer-norm
-backward without a bias. Uninstall destroys the registrations, which brings the wheel's own
-kernels back.
+listed in :data:`dmlshim.patches.guard_kernels.KERNEL_GUARDS` get device kernels
+(``torch.library``; nothing wraps a Python entry point, and CPU tensors never see them), for
+the key :data:`~dmlshim.patches.guard_kernels.KERNEL_KEYS` names: ``AutogradPrivateUse1`` for
+those that fix the inputs of the wheel's own kernel (float × bool multiplication, #686, #737;
+``nll_loss``/``cross_entropy``, #739, #740; ``masked_fill`` with a non-bool mask, #702;
+reflect padding; max-pool indices; ``unique`` counts; the layer-norm backward without a bias;
+negative ``flip`` dims), ``PrivateUse1`` for those that replace it (``torch.eye``, #431;
+bilinear interpolation; ``logsumexp``). Uninstall destroys the registrations, which brings the
+wheel's own kernels back.
 
 One guard stays a Python wrapper and runs only on the emulator's opt-in ``bug-bn-stats`` switch:
 BatchNorm running statistics not updated in training (#362) does not reproduce on 0.2.5, so
@@ -27,8 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from dmlshim import events
-from dmlshim.patches import guard_kernels
-from dmlshim.patches.guard_kernels import KERNEL_GUARDS
+from dmlshim.patches.guard_kernels import KERNEL_GUARDS, KERNEL_KEYS
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
@@ -65,7 +65,7 @@ class GuardsPatch(Patch):
         self.active = active = active_guards(caps, config)
         for name in active:
             log.info("guard %s on (%s)", name, GUARDS[name])
-        kernels = [(op, fn) for name in active if name in KERNEL_GUARDS
+        kernels = [(op, fn, KERNEL_KEYS[name]) for name in active if name in KERNEL_GUARDS
                    for op, fn in KERNEL_GUARDS[name][2].items()]
         if kernels:
             self._register(kernels)
@@ -75,14 +75,12 @@ class GuardsPatch(Patch):
     def _register(self, kernels) -> None:
         lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed on uninstall
         self.on_undo(lib._destroy)  # (private on torch 2.4.1 and 2.13 alike)
-        # masked_fill_'s 0-dim fills are device tensors of this installation
-        self.on_undo(guard_kernels.fill_tensor.cache_clear)
         with warnings.catch_warnings():
             # replacing the wheel's own kernel is the point: no "Overriding a previously
             # registered kernel" warning for the user
             warnings.simplefilter("ignore")
-            for op, fn in kernels:
-                lib.impl(op, fn, "PrivateUse1")
+            for op, fn, key in kernels:
+                lib.impl(op, fn, key)
 
 
 def _bn_guard(device_type: str):
