@@ -101,6 +101,7 @@ def test_op_battery_under_the_shim_is_no_worse_than_the_wheel():
 
 
 def _zoo(model: str, tmp_path, **env: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.json"
     proc = run_shim(ZOO, "--model", model, "--steps", "3", device=None, wsl="real",
                     env={"DMLSHIM_REPORT": str(report), "OMP_NUM_THREADS": "1", **env},
