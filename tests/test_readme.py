@@ -17,11 +17,13 @@ layout must match as printed.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,6 +91,7 @@ def command_samples() -> List[Sample]:
 # -- running a sample's command ---------------------------------------------------------------
 
 _RUN_DIR = tempfile.mkdtemp(prefix="dmlshim-readme-")
+atexit.register(shutil.rmtree, _RUN_DIR, True)
 
 
 @functools.cache
