@@ -122,10 +122,10 @@ OPTIONS: Tuple[Option, ...] = (
         "where CUDA work goes: auto picks DirectML, else stays inert on real CUDA, else the CPU",
         _device,
     ),
+    # exactly 0 or 1, like every option's documented values: `yes`/`true` would be a guess at
+    # what the user meant (the bootstrap reads "1" the same way)
     Option("disable", "0", "0, 1", "1 makes `import dmlshim` and the runner do nothing",
-           _one_of("0", "1", "true", "false", "yes", "no", "on", "off"),
-           normalize=lambda v: {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0",
-                                "off": "0"}.get(v.strip().lower(), v.strip().lower())),
+           _one_of("0", "1")),
     Option("log", "warning", "warning, info, debug",
            "log level of the 'dmlshim' logger; info logs every redirected call site once",
            _one_of("warning", "info", "debug")),

@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import wrapt
 
@@ -255,6 +255,15 @@ class Patch:
         """Run ``fn`` at uninstall (for state that is not an attribute, e.g. a registered hook)."""
         self._undo.append(fn)
 
+    def when_imported(self, module_name: str, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(module)`` now if the module is imported, else right after its import, if
+        this patch is still installed then (uninstall cancels the wait)."""
+        module = sys.modules.get(module_name)
+        if module is not None:
+            fn(module)
+        else:
+            self.on_undo(_wait_for(module_name, fn))
+
 
 def _dotted(owner: Any) -> str:
     if isinstance(owner, type):
@@ -262,13 +271,46 @@ def _dotted(owner: Any) -> str:
     return getattr(owner, "__name__", repr(owner))
 
 
-def when_imported(module_name: str, fn: Callable[[Any], None]) -> None:
-    """Run ``fn(module)`` now if the module is imported, else right after its import (wrapt hook)."""
-    module = sys.modules.get(module_name)
-    if module is not None:
+# Callbacks of installed patches waiting for a module's import (Patch.when_imported), by module
+# name. wrapt cannot unregister a post-import hook, so dmlshim registers one hook per module name
+# (_run_waiting, a module-level function) and keeps the callbacks here, where uninstall removes
+# them: a hook per callback would keep every uninstalled patch alive until the module is imported.
+_waiting: Dict[str, List[Callable[[Any], None]]] = {}
+_hooked: Set[str] = set()  # module names with a wrapt hook that has not fired yet
+_waiting_lock = threading.Lock()
+
+
+def _run_waiting(module: Any) -> None:
+    """wrapt's post-import hook: the module is imported; run what waits for it (once: wrapt
+    drops its hooks for a module when they fire)."""
+    name = getattr(module, "__name__", "")
+    with _waiting_lock:
+        callbacks = _waiting.pop(name, [])
+        _hooked.discard(name)
+    for fn in callbacks:
         fn(module)
-    else:
-        wrapt.register_post_import_hook(fn, module_name)
+
+
+def _wait_for(module_name: str, fn: Callable[[Any], None]) -> Callable[[], None]:
+    """Run ``fn(module)`` right after ``module_name`` is imported; returns the cancel step."""
+    with _waiting_lock:
+        _waiting.setdefault(module_name, []).append(fn)
+        hook = module_name not in _hooked
+        _hooked.add(module_name)
+    if hook:  # outside the lock: wrapt runs the hook at once if the module was just imported
+        wrapt.register_post_import_hook(_run_waiting, module_name)
+
+    def cancel() -> None:
+        with _waiting_lock:
+            waiting = _waiting.get(module_name, [])
+            for i, other in enumerate(waiting):
+                if other is fn:
+                    del waiting[i]
+                    break
+            if not waiting:
+                _waiting.pop(module_name, None)
+
+    return cancel
 
 
 class PatchSet:

@@ -153,6 +153,8 @@ def test_module_mode():
 @pytest.mark.parametrize("var, value", [
     ("DMLSHIM_DEVICE", "gpu"), ("DMLSHIM_DEVICE", "emulated-dml:0"), ("DMLSHIM_LOG", "loud"),
     ("DMLSHIM_OPTIMIZER", "recreate"), ("DMLSHIM_AMP", "bf16"), ("DMLSHIM_DISABLE", "2"),
+    # 0 and 1 only, as documented: not a guess at what `yes` or `true` meant
+    ("DMLSHIM_DISABLE", "yes"), ("DMLSHIM_DISABLE", "true"),
     ("DMLSHIM_EMULATOR_GAPS", "fallback,nope"),
     # torch keeps device indices in 8 signed bits: cuda:150 would wrap to -106
     ("DMLSHIM_DEVICE", "emulated-dml:128"), ("DMLSHIM_DEVICE", "dml:200"),

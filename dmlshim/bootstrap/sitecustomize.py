@@ -85,8 +85,11 @@ def undo(environ, marker):
     return changed
 
 
-def _truthy(value):
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def _disables(value):
+    """``DMLSHIM_DISABLE`` as dmlshim/config.py reads it: "1" disables; any other value leaves
+    the hook on, and a bad one then stops the process with config's message at ``import torch``
+    (as ``import dmlshim`` does)."""
+    return (value or "").strip() == "1"
 
 
 def _install_dmlshim():
@@ -192,7 +195,7 @@ def _read_marker():
         return {}, False
     changed = undo(os.environ, marker)
     disabled = changed.get("DMLSHIM_DISABLE", os.environ.get("DMLSHIM_DISABLE"))
-    return changed, not _truthy(disabled)
+    return changed, not _disables(disabled)
 
 
 def _start(on):
