@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import wrapt
 
@@ -28,8 +28,21 @@ _MISSING = object()
 _originals: Dict[Tuple[int, str], Tuple[Any, str, Any, Any]] = {}
 
 
-def get_original(owner: Any, name: str) -> Any:
-    """The object ``owner.name`` had before dmlshim patched it (the current one if unpatched)."""
+def get_original(owner: Any, name: Union[str, Sequence[str]]) -> Any:
+    """The object ``owner.name`` had before dmlshim patched it (the current one if unpatched).
+
+    ``owner`` is the object holding the attribute (``torch.cuda``, ``torch.Tensor``) or its
+    dotted name (``"torch.cuda"``, as gevent.monkey's ``get_original(mod_name, item_name)``);
+    a list of names gives a list of originals, as gevent's does."""
+    if isinstance(owner, str):
+        found = resolve(owner)
+        if found is None:
+            import importlib
+
+            found = importlib.import_module(owner)  # a module not imported yet: as gevent does
+        owner = found
+    if not isinstance(name, str):
+        return [get_original(owner, n) for n in name]
     rec = _originals.get((id(owner), name))
     return rec[3] if rec is not None else getattr(owner, name)
 

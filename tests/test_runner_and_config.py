@@ -226,3 +226,31 @@ def test_help_lists_every_option():
     assert proc.returncode == 0
     for opt in config.OPTIONS:
         assert opt.env in proc.stdout and opt.flag in proc.stdout
+    # the emulator's switches by their names; the old names still work but are not offered
+    assert "nll-none-backward" in proc.stdout and "bug-bn-stats" in proc.stdout
+    for old in config.EMULATOR_ALIASES:
+        assert old not in proc.stdout
+        assert config.load(environ={"DMLSHIM_EMULATOR_GAPS": f"all,{old}"}).emulator_gaps
+
+
+def test_the_package_shows_its_api():
+    import dmlshim
+
+    names = dir(dmlshim)
+    assert set(dmlshim.__all__) <= set(names)
+    assert not {"Any", "annotations", "sys"} & set(names), names
+    for name in names:
+        getattr(dmlshim, name)  # every name shown is there
+
+
+def test_get_original_takes_the_owner_or_its_dotted_name_as_gevent_does(shim):
+    import torch
+
+    from dmlshim import get_original
+
+    before = torch.cuda.is_available, torch.Tensor.to, torch.Tensor.cuda
+    shim(device="cpu")
+    assert torch.cuda.is_available is not before[0]  # patched
+    assert get_original(torch.cuda, "is_available") is before[0]
+    assert get_original("torch.cuda", "is_available") is before[0]
+    assert get_original("torch.Tensor", ["to", "cuda"]) == list(before[1:])
