@@ -380,3 +380,21 @@ def test_a_launcher_without_torch_passes_the_shim_to_its_whole_process_tree(tmp_
     # (from then on the shim exports itself in os.environ for its children)
     for head in ("launcher", "environ"):
         assert lines("no-torch", "runner", head) == lines("no-torch", "python", head)
+
+
+def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_process(shim, tmp_path):
+    """The runner's own interpreter is not the script's: there the bootstrap leaves the user's
+    sitecustomize to the interpreter the runner becomes, which runs it once, as python does."""
+    site = tmp_path / "site"
+    site.mkdir()
+    log = tmp_path / "ran.txt"
+    (site / "sitecustomize.py").write_text(
+        f"with open({str(log)!r}, 'a') as f:\n    f.write('ran\\n')\n")
+    (tmp_path / "script.py").write_text("import sitecustomize, sys\nprint('script')\n")
+    shim(device="cpu")  # this process's children carry the bootstrap, first on PYTHONPATH
+    env = dict(os.environ, PYTHONPATH=os.environ["PYTHONPATH"] + os.pathsep + str(site))
+    for args in (["script.py"], ["-m", "dmlshim", "script.py"]):
+        log.write_text("")
+        proc = _python(args, env, cwd=tmp_path)
+        assert proc.returncode == 0 and proc.stdout == "script\n", describe(proc)
+        assert log.read_text().splitlines() == ["ran"], args
