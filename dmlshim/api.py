@@ -61,6 +61,9 @@ PERMANENT = (
      "does nothing"),
     ("atexit", "register", "one exit hook per process (api._at_exit), registered when "
      "dmlshim.api is imported; with no session it does nothing"),
+    ("wrapt", "register_post_import_hook", "one post-import hook per process and module name a "
+     "patch waited for (patching._run_waiting; wrapt cannot unregister one); with no session, "
+     "or nothing waiting in it, it does nothing"),
 )
 
 
@@ -94,6 +97,8 @@ class Shim:
     dtensor_guard: Any = None  # dmlshim.dtensor_import.AllowListGuard on sys.meta_path
     # peak of memory_allocated per ordinal, where the target keeps none itself (the CPU)
     memory_peaks: Dict[int, int] = field(default_factory=dict)
+    # module name -> callbacks of patches waiting for its import (Patch.when_imported)
+    import_waits: Dict[str, List[Any]] = field(default_factory=dict)
 
     def installed(self) -> List[Patch]:
         """The patches that changed something, in install order."""

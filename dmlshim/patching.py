@@ -284,44 +284,50 @@ def _dotted(owner: Any) -> str:
     return getattr(owner, "__name__", repr(owner))
 
 
-# Callbacks of installed patches waiting for a module's import (Patch.when_imported), by module
-# name. wrapt cannot unregister a post-import hook, so dmlshim registers one hook per module name
-# (_run_waiting, a module-level function) and keeps the callbacks here, where uninstall removes
-# them: a hook per callback would keep every uninstalled patch alive until the module is imported.
-_waiting: Dict[str, List[Callable[[Any], None]]] = {}
-_hooked: Set[str] = set()  # module names with a wrapt hook that has not fired yet
-_waiting_lock = threading.Lock()
+# Module names with a post-import hook of dmlshim's that has not fired yet. wrapt cannot
+# unregister a hook, so dmlshim registers one per module name and process (_run_waiting, a
+# module-level function: it keeps nothing alive) and the session keeps the callbacks that wait
+# (``api.Shim.import_waits``), which uninstall drops: a hook per callback would keep every
+# uninstalled patch alive until the module is imported.
+_hooked: Set[str] = set()
+_hook_lock = threading.Lock()
 
 
 def _run_waiting(module: Any) -> None:
     """wrapt's post-import hook: the module is imported; run what waits for it (once: wrapt
     drops its hooks for a module when they fire)."""
     name = getattr(module, "__name__", "")
-    with _waiting_lock:
-        callbacks = _waiting.pop(name, [])
+    shim = current.session
+    with _hook_lock:
         _hooked.discard(name)
+        callbacks = shim.import_waits.pop(name, []) if shim is not None else []
     for fn in callbacks:
         fn(module)
 
 
 def _wait_for(module_name: str, fn: Callable[[Any], None]) -> Callable[[], None]:
     """Run ``fn(module)`` right after ``module_name`` is imported; returns the cancel step."""
-    with _waiting_lock:
-        _waiting.setdefault(module_name, []).append(fn)
+    shim = current.session
+    if shim is None:  # a patch installed on its own, outside a session: wrapt's hook directly
+        wrapt.register_post_import_hook(fn, module_name)
+        return lambda: None
+    waits = shim.import_waits
+    with _hook_lock:
+        waits.setdefault(module_name, []).append(fn)
         hook = module_name not in _hooked
         _hooked.add(module_name)
     if hook:  # outside the lock: wrapt runs the hook at once if the module was just imported
         wrapt.register_post_import_hook(_run_waiting, module_name)
 
     def cancel() -> None:
-        with _waiting_lock:
-            waiting = _waiting.get(module_name, [])
+        with _hook_lock:
+            waiting = waits.get(module_name, [])
             for i, other in enumerate(waiting):
                 if other is fn:
                     del waiting[i]
                     break
             if not waiting:
-                _waiting.pop(module_name, None)
+                waits.pop(module_name, None)
 
     return cancel
 

@@ -231,7 +231,9 @@ def _read_marker():
     return changed, not _disables(disabled)
 
 
-_RUNNER_MODULES = ("dmlshim", "dmlshim.__main__")
+# the package this file belongs to (its name, from its folder), which ``-m`` runs as the runner
+_PACKAGE = os.path.basename(os.path.dirname(_HERE))
+_RUNNER_MODULES = (_PACKAGE, _PACKAGE + ".__main__")
 
 
 def _is_runner(argv):
