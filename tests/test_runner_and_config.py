@@ -254,3 +254,47 @@ def test_get_original_takes_the_owner_or_its_dotted_name_as_gevent_does(shim):
     assert get_original(torch.cuda, "is_available") is before[0]
     assert get_original("torch.cuda", "is_available") is before[0]
     assert get_original("torch.Tensor", ["to", "cuda"]) == list(before[1:])
+
+
+NO_NUMPY = """
+import sys, warnings
+
+class NoNumpy:  # numpy not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numpy":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoNumpy())
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch
+print(any("Failed to initialize NumPy" in str(w.message) for w in caught))
+"""
+
+
+def test_numpy_is_a_dependency_where_torch_warns_without_it():
+    """README command 1 installs torch and dmlshim: without numpy, `import torch` warns before
+    the script's first line (torch's CPU wheels do not require numpy), so dmlshim requires it."""
+    import re
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-c", NO_NUMPY], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pyproject = (Path(REPO) / "pyproject.toml").read_text(encoding="utf-8")
+    block = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.M | re.S).group(1)
+    required = re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block, re.M)
+    if proc.stdout.split() == ["True"]:
+        assert "numpy" in required, required
+
+
+def test_readme_command_1_prints_nothing_but_the_example(tmp_path):
+    """The example's output, and nothing before it: no warning of torch's or of dmlshim's."""
+    from tests.helpers import clean_env
+
+    proc = subprocess.run([sys.executable, "-m", "dmlshim", os.path.join(REPO, "examples", "train_cnn.py"),
+                           "--epochs", "1"], capture_output=True, text=True, cwd=tmp_path,
+                          env=clean_env(DMLSHIM_DXG_PATH=str(tmp_path / "no-dxg")), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("GPU: ") and "checkpoint saved and reloaded" in proc.stdout

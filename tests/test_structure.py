@@ -210,3 +210,4 @@ def test_the_version_is_the_distributions():
 
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == __version__
+
