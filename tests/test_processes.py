@@ -392,7 +392,8 @@ def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_proces
         f"with open({str(log)!r}, 'a') as f:\n    f.write('ran\\n')\n")
     (tmp_path / "script.py").write_text("import sitecustomize, sys\nprint('script')\n")
     shim(device="cpu")  # this process's children carry the bootstrap, first on PYTHONPATH
-    env = dict(os.environ, PYTHONPATH=os.environ["PYTHONPATH"] + os.pathsep + str(site))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["PYTHONPATH"], str(REPO),
+                                                       str(site)]))
     for args in (["script.py"], ["-m", "dmlshim", "script.py"]):
         log.write_text("")
         proc = _python(args, env, cwd=tmp_path)
