@@ -25,6 +25,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dmlshim' has no attribute {name!r}")
 
 
+def __dir__() -> list:
+    # the API (lazy: not in globals() until asked for) and the module's own dunders, not the
+    # names this file imports for itself (sys, Any, annotations)
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
+
+
 def _launch() -> None:
     from dmlshim import launch
 

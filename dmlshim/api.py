@@ -61,6 +61,9 @@ PERMANENT = (
      "does nothing"),
     ("atexit", "register", "one exit hook per process (api._at_exit), registered when "
      "dmlshim.api is imported; with no session it does nothing"),
+    ("wrapt", "register_post_import_hook", "one post-import hook per process and module name a "
+     "patch waited for (patching._run_waiting; wrapt cannot unregister one); with no session, "
+     "or nothing waiting in it, it does nothing"),
 )
 
 
@@ -71,7 +74,8 @@ class Shim:
     It holds every record the shim keeps (:data:`dmlshim.current.session` points at it while
     it is in force), so uninstall() leaves nothing behind but :data:`PERMANENT` and the
     originals of the patched attributes. ``patches`` and ``devices`` are None for an inert
-    target (real CUDA found by ``auto``: nothing installed).
+    target (real CUDA found by ``auto``: nothing installed; with a report asked for,
+    ``patches`` holds the diagnostics patch alone).
     """
 
     target: Target
@@ -93,6 +97,8 @@ class Shim:
     dtensor_guard: Any = None  # dmlshim.dtensor_import.AllowListGuard on sys.meta_path
     # peak of memory_allocated per ordinal, where the target keeps none itself (the CPU)
     memory_peaks: Dict[int, int] = field(default_factory=dict)
+    # module name -> callbacks of patches waiting for its import (Patch.when_imported)
+    import_waits: Dict[str, List[Any]] = field(default_factory=dict)
 
     def installed(self) -> List[Patch]:
         """The patches that changed something, in install order."""
@@ -221,6 +227,8 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
         current.switch(shim)
         if tgt.inert:
             log.info("%s", tgt.reason)
+            if cfg.report:
+                _report_only(shim)
             return tgt
         try:
             _activate(shim)
@@ -233,6 +241,17 @@ def install(_config: Optional[_config.Config] = None, **options: Any) -> Target:
         shim.patches = patches
         log.info("target %s (%s); patches: %s", tgt.kind, tgt.reason, ", ".join(names))
         return tgt
+
+
+def _report_only(shim: Shim) -> None:
+    """An inert target (real CUDA) with a report asked for: the diagnostics patch alone, so the
+    report says what happened (target cuda, inert, why) and how the script ended; nothing the
+    script calls is redirected."""
+    from dmlshim.patches.diagnostics import DiagnosticsPatch
+
+    patches = PatchSet([DiagnosticsPatch()])
+    patches.install(shim.capabilities, shim.config)
+    shim.patches = patches
 
 
 def _activate(shim: Shim) -> None:
@@ -289,7 +308,8 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     shim = current.session
-    return shim is not None and shim.patches is not None
+    # an inert target installs nothing (its report, if asked for, is not the shim)
+    return shim is not None and shim.patches is not None and not shim.target.inert
 
 
 def current_target() -> Optional[Target]:

@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import wrapt
 
@@ -28,8 +28,21 @@ _MISSING = object()
 _originals: Dict[Tuple[int, str], Tuple[Any, str, Any, Any]] = {}
 
 
-def get_original(owner: Any, name: str) -> Any:
-    """The object ``owner.name`` had before dmlshim patched it (the current one if unpatched)."""
+def get_original(owner: Any, name: Union[str, Sequence[str]]) -> Any:
+    """The object ``owner.name`` had before dmlshim patched it (the current one if unpatched).
+
+    ``owner`` is the object holding the attribute (``torch.cuda``, ``torch.Tensor``) or its
+    dotted name (``"torch.cuda"``, as gevent.monkey's ``get_original(mod_name, item_name)``);
+    a list of names gives a list of originals, as gevent's does."""
+    if isinstance(owner, str):
+        found = resolve(owner)
+        if found is None:
+            import importlib
+
+            found = importlib.import_module(owner)  # a module not imported yet: as gevent does
+        owner = found
+    if not isinstance(name, str):
+        return [get_original(owner, n) for n in name]
     rec = _originals.get((id(owner), name))
     return rec[3] if rec is not None else getattr(owner, name)
 
@@ -255,6 +268,15 @@ class Patch:
         """Run ``fn`` at uninstall (for state that is not an attribute, e.g. a registered hook)."""
         self._undo.append(fn)
 
+    def when_imported(self, module_name: str, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(module)`` now if the module is imported, else right after its import, if
+        this patch is still installed then (uninstall cancels the wait)."""
+        module = sys.modules.get(module_name)
+        if module is not None:
+            fn(module)
+        else:
+            self.on_undo(_wait_for(module_name, fn))
+
 
 def _dotted(owner: Any) -> str:
     if isinstance(owner, type):
@@ -262,13 +284,52 @@ def _dotted(owner: Any) -> str:
     return getattr(owner, "__name__", repr(owner))
 
 
-def when_imported(module_name: str, fn: Callable[[Any], None]) -> None:
-    """Run ``fn(module)`` now if the module is imported, else right after its import (wrapt hook)."""
-    module = sys.modules.get(module_name)
-    if module is not None:
+# Module names with a post-import hook of dmlshim's that has not fired yet. wrapt cannot
+# unregister a hook, so dmlshim registers one per module name and process (_run_waiting, a
+# module-level function: it keeps nothing alive) and the session keeps the callbacks that wait
+# (``api.Shim.import_waits``), which uninstall drops: a hook per callback would keep every
+# uninstalled patch alive until the module is imported.
+_hooked: Set[str] = set()
+_hook_lock = threading.Lock()
+
+
+def _run_waiting(module: Any) -> None:
+    """wrapt's post-import hook: the module is imported; run what waits for it (once: wrapt
+    drops its hooks for a module when they fire)."""
+    name = getattr(module, "__name__", "")
+    shim = current.session
+    with _hook_lock:
+        _hooked.discard(name)
+        callbacks = shim.import_waits.pop(name, []) if shim is not None else []
+    for fn in callbacks:
         fn(module)
-    else:
+
+
+def _wait_for(module_name: str, fn: Callable[[Any], None]) -> Callable[[], None]:
+    """Run ``fn(module)`` right after ``module_name`` is imported; returns the cancel step."""
+    shim = current.session
+    if shim is None:  # a patch installed on its own, outside a session: wrapt's hook directly
         wrapt.register_post_import_hook(fn, module_name)
+        return lambda: None
+    waits = shim.import_waits
+    with _hook_lock:
+        waits.setdefault(module_name, []).append(fn)
+        hook = module_name not in _hooked
+        _hooked.add(module_name)
+    if hook:  # outside the lock: wrapt runs the hook at once if the module was just imported
+        wrapt.register_post_import_hook(_run_waiting, module_name)
+
+    def cancel() -> None:
+        with _hook_lock:
+            waiting = waits.get(module_name, [])
+            for i, other in enumerate(waiting):
+                if other is fn:
+                    del waiting[i]
+                    break
+            if not waiting:
+                waits.pop(module_name, None)
+
+    return cancel
 
 
 class PatchSet:

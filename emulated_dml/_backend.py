@@ -191,17 +191,59 @@ def _build_cpp_guard() -> Any:
         # checkouts share the torch extensions cache (py311_cpu), and one name would make them
         # rebuild on every switch and load each other's module.
         with open(source, "rb") as f:
-            digest = hashlib.sha1(f.read()).hexdigest()[:10]
+            code = f.read()
+        digest = hashlib.sha1(code).hexdigest()[:10]
         version = re.sub(r"\W", "_", torch.__version__)
-        return cpp_extension.load(name=f"dmlshim_emulator_guard_{version}_{digest}",
-                                  sources=[source],
-                                  extra_cflags=["-O1"], verbose=False)
+        name = f"dmlshim_emulator_guard_{version}_{digest}"
+        build_dir, stable_source = _build_place(cpp_extension, name, code)
+        if build_dir is not None and \
+                not os.path.exists(os.path.join(build_dir, name + _EXTENSION_SUFFIX)):
+            # the first emulated-dml run of a torch version: a compile that takes a while
+            import logging
+
+            logging.getLogger("dmlshim").warning(
+                "emulated-dml: building the emulator's C++ device guard for torch %s (once per "
+                "torch version; it takes half a minute or so)", torch.__version__)
+        return cpp_extension.load(name=name, sources=[stable_source or source],
+                                  build_directory=build_dir, extra_cflags=["-O1"], verbose=False)
     except Exception as err:  # compiler errors, missing ninja, ...
         raise EmulatorError(
             f"dmlshim emulator: building the PrivateUse1 device guard for torch "
             f"{torch.__version__} failed ({type(err).__name__}: {err}). It needs g++ and ninja "
             f"(pip install ninja)."
         ) from err
+
+
+_EXTENSION_SUFFIX = ".pyd" if sys.platform == "win32" else ".so"
+
+
+def _build_place(cpp_extension: Any, name: str, code: bytes) -> tuple:
+    """(torch's build folder for ``name``, a copy of the source there); None for what is not
+    known or cannot be written.
+
+    ninja rebuilds when the compile command changes, and the command names the source's path:
+    checkouts (or virtualenvs) sharing the extensions cache would rebuild the guard for each
+    other on every switch. A copy inside the build folder, whose name carries the source's hash,
+    gives every checkout the same command, so the guard builds once per torch version."""
+    where = getattr(cpp_extension, "_get_build_directory", None)  # torch's private helper
+    if where is None:
+        return None, None  # torch picks the folder; the package's file is the source
+    build_dir = where(name, False)
+    copy = os.path.join(build_dir, "_guard.cpp")
+    try:
+        with open(copy, "rb") as f:
+            if f.read() == code:
+                return build_dir, copy  # untouched: ninja sees the same input and command
+    except OSError:
+        pass
+    try:
+        tmp = f"{copy}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(code)
+        os.replace(tmp, copy)  # atomic: a concurrent build reads a whole file
+    except OSError:
+        return build_dir, None  # a read-only cache folder: build from the package's file
+    return build_dir, copy
 
 
 def _install_python_guard() -> bool:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -176,6 +177,18 @@ def test_display_path_is_relative_below_the_working_directory(tmp_path):
 
 
 # -- in process: call-site log, fallback capture, report --------------------------------------
+
+def test_a_map_location_is_shown_as_one(shim, fresh_events, tmp_path):
+    import torch
+
+    shim(device="cpu", log="info")
+    path = tmp_path / "t.pt"
+    torch.save(torch.ones(1), path)
+    for where in (("cuda:0",), ()):
+        torch.load(path, *where, **({} if where else {"map_location": "cuda:0"}))
+    calls = {s.call for s in events.call_sites() if s.api == "torch.load"}
+    assert calls == {"torch.load(map_location='cuda:0')"}, calls
+
 
 def test_each_call_site_logged_once_at_info(shim, records, fresh_events):
     import torch
@@ -443,6 +456,40 @@ def test_report_written_when_the_script_does_not_finish(tmp_path, via, mode, how
     assert any(line.startswith("  needs attention: the script called CUDA APIs") and
                "torch.cuda.graph_pool_handle" in line for line in lines), lines
     assert lines[-1] == f"  report: {report_path}"
+
+
+FAKE_CUDA = """
+import sys, torch
+torch.cuda.is_available = lambda: True  # what auto sees on an NVIDIA machine
+torch.cuda.device_count = lambda: 1
+import dmlshim
+print(dmlshim.is_installed(), dmlshim.current_target().kind)
+try:
+    torch.ones(1).to("cuda:0")
+except RuntimeError as err:  # nothing redirected: the call reaches CUDA, which is not there
+    print("cuda", "NVIDIA" in str(err) or "CUDA" in str(err))
+sys.exit(3)
+"""
+
+
+def test_inert_target_writes_the_report_it_was_asked_for(tmp_path):
+    """On a real CUDA machine ``auto`` leaves everything to CUDA; a report asked for still comes,
+    saying so (target cuda, inert, why) and how the script ended."""
+    from tests.helpers import clean_env
+
+    report_path = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", FAKE_CUDA], capture_output=True, text=True, cwd=tmp_path,
+        env=clean_env(DMLSHIM_REPORT=str(report_path), DMLSHIM_DXG_PATH=str(tmp_path / "no-dxg")),
+        timeout=300)
+    assert proc.returncode == 3, describe(proc)
+    assert proc.stdout.split() == ["False", "cuda", "cuda", "True"], describe(proc)
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    assert_valid_report(report)
+    assert report["target"]["kind"] == "cuda" and report["target"]["inert"] is True
+    assert "real CUDA is present; dmlshim stays inert" in report["target"]["reason"]
+    assert report["patches"] == ["diagnostics"] and report["calls"]["total"] == 0
+    assert report["outcome"] == {"how": "exit", "exit_code": 3, "exception": None}
 
 
 def test_emulated_directml_log_and_exact_fallback_counts(tmp_path):

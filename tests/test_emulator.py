@@ -543,3 +543,49 @@ def test_register_refused_beside_torch_directml_and_late_registration():
     assert "refused: dmlshim emulator: torch_directml is already imported" in proc.stdout
     assert "registered: False" in proc.stdout
     assert "autograd: False" in proc.stdout
+
+
+def test_the_guard_build_says_so_when_it_builds_and_every_checkout_shares_it(tmp_path,
+                                                                             monkeypatch):
+    """The first emulated-dml run of a torch version compiles _guard.cpp (half a minute or
+    more): one line says so, and only then. The compile command names a copy of the source in
+    torch's build folder, the same for every checkout, so checkouts sharing the cache do not
+    rebuild it for each other (torch's ninja build is stood in for: the real one takes minutes)."""
+    import logging
+
+    from torch.utils import cpp_extension
+
+    from emulated_dml import _backend
+
+    if _backend.shutil.which(os.environ.get("CXX", "g++")) is None \
+            and _backend.shutil.which("c++") is None:
+        pytest.fail("no C++ compiler: the emulator's guard cannot be built here")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    loads = []
+
+    def build(name, sources, build_directory=None, **kwargs):
+        loads.append((name, list(sources), build_directory))
+        Path(build_directory, name + _backend._EXTENSION_SUFFIX).write_bytes(b"")  # the result
+        return "guard module"
+
+    monkeypatch.setattr(cpp_extension, "load", build)
+    messages = []
+
+    class Records(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Records(logging.WARNING)
+    logger = logging.getLogger("dmlshim")
+    logger.addHandler(handler)
+    try:
+        assert _backend._build_cpp_guard() == "guard module"
+        assert len(messages) == 1 and "building the emulator's C++ device guard" in messages[0]
+        assert _backend._build_cpp_guard() == "guard module"  # built: nothing said
+        assert len(messages) == 1, messages
+    finally:
+        logger.removeHandler(handler)
+    assert loads[0] == loads[1]
+    (name, (source,), folder) = loads[0]
+    assert Path(source).parent == Path(folder) and str(tmp_path) in folder
+    assert Path(source).read_bytes() == (ROOT / "emulated_dml" / "_guard.cpp").read_bytes()

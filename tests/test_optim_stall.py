@@ -89,6 +89,13 @@ def test_stall_with_off(case):
     assert losses(off.stdout) != losses(ref.stdout)
     assert "StaleOptimizerWarning" in off.stderr and "DMLSHIM_OPTIMIZER" in off.stderr, \
         describe(off)
+    # the no-gradient alarm names the fix, not a graph problem (a .detach()) or DMLSHIM_CHECK
+    alarms = [line for line in off.stderr.splitlines() if "received no gradient" in line]
+    if "--order" in args and args[args.index("--order") + 1] == "wrong":
+        assert alarms, describe(off)  # the optimizer stepped dead copies from its first step
+    for line in alarms:
+        assert "unset DMLSHIM_OPTIMIZER" in line and ".detach()" not in line \
+            and "DMLSHIM_CHECK" not in line, line
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -322,3 +322,80 @@ def test_share_memory_on_directml_keeps_the_module_in_cpu_shared_memory(shim):
     assert model(torch.randn(5, 3)).device.type == "cpu"  # CPU input: nothing moves
     dmlshim.uninstall()
     assert nn.Module.share_memory is original
+
+
+# -- a launcher that never imports torch ---------------------------------------------------
+
+LAUNCHER = textwrap.dedent("""
+    import multiprocessing, os, subprocess, sys
+    {first_line}
+
+    def spawned():
+        import torch
+        print("child mp-spawn", torch.cuda.is_available(), flush=True)
+
+    if __name__ == "__main__":
+        print("launcher", sorted(os.environ.items()), flush=True)
+        subprocess.run([sys.executable, "train.py", "subprocess"], check=True)
+        os.system(f'"{{sys.executable}}" train.py os.system')
+        # a child that never imports torch starts the one that does: children of children
+        subprocess.run([sys.executable, "-c", "import subprocess, sys; "
+                        "subprocess.run([sys.executable, 'train.py', 'grandchild'])"], check=True)
+        p = multiprocessing.get_context("spawn").Process(target=spawned)
+        p.start()
+        p.join()
+""")
+TRAIN = textwrap.dedent("""
+    import os, sys
+    seen = sorted(os.environ.items())  # before torch: the environment a child script is given
+    import torch
+    print("child", sys.argv[1], torch.cuda.is_available(), flush=True)
+    print("environ", sys.argv[1], seen, flush=True)
+""")
+
+
+def test_a_launcher_without_torch_passes_the_shim_to_its_whole_process_tree(tmp_path):
+    """ddtrace-run and opentelemetry-instrument cover the process tree: so does the runner,
+    whether the launcher imports torch or not; the launcher and its children see the
+    environment plain python gives them."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    runs = {}
+    for name, via, first_line in (("no-torch", "python", ""), ("no-torch", "runner", ""),
+                                  ("torch", "runner", "import torch")):
+        (tmp_path / f"launch_{name}.py").write_text(LAUNCHER.format(first_line=first_line))
+        args = ["-m", "dmlshim"] if via == "runner" else []
+        proc = _python([*args, f"launch_{name}.py"], clean_env(DMLSHIM_DEVICE="cpu"),
+                       cwd=tmp_path)
+        assert proc.returncode == 0, describe(proc)
+        runs[name, via] = proc.stdout.splitlines()
+
+    def lines(name, via, head):
+        return sorted(line for line in runs[name, via] if line.startswith(head + " "))
+
+    kinds = ["grandchild", "mp-spawn", "os.system", "subprocess"]
+    assert lines("no-torch", "python", "child") == [f"child {k} False" for k in kinds], runs
+    for name in ("no-torch", "torch"):  # with or without `import torch` in the launcher
+        assert lines(name, "runner", "child") == [f"child {k} True" for k in kinds], runs
+    # the environment of the launcher and of each child is plain python's until it imports torch
+    # (from then on the shim exports itself in os.environ for its children)
+    for head in ("launcher", "environ"):
+        assert lines("no-torch", "runner", head) == lines("no-torch", "python", head)
+
+
+def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_process(shim, tmp_path):
+    """The runner's own interpreter is not the script's: there the bootstrap leaves the user's
+    sitecustomize to the interpreter the runner becomes, which runs it once, as python does."""
+    site = tmp_path / "site"
+    site.mkdir()
+    log = tmp_path / "ran.txt"
+    (site / "sitecustomize.py").write_text(
+        f"with open({str(log)!r}, 'a') as f:\n    f.write('ran\\n')\n")
+    (tmp_path / "script.py").write_text("import sitecustomize, sys\nprint('script')\n")
+    shim(device="cpu")  # this process's children carry the bootstrap, first on PYTHONPATH
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["PYTHONPATH"], str(REPO),
+                                                       str(site)]))
+    for args in (["script.py"], ["-m", "dmlshim", "script.py"]):
+        log.write_text("")
+        proc = _python(args, env, cwd=tmp_path)
+        assert proc.returncode == 0 and proc.stdout == "script\n", describe(proc)
+        assert log.read_text().splitlines() == ["ran"], args

@@ -153,6 +153,8 @@ def test_module_mode():
 @pytest.mark.parametrize("var, value", [
     ("DMLSHIM_DEVICE", "gpu"), ("DMLSHIM_DEVICE", "emulated-dml:0"), ("DMLSHIM_LOG", "loud"),
     ("DMLSHIM_OPTIMIZER", "recreate"), ("DMLSHIM_AMP", "bf16"), ("DMLSHIM_DISABLE", "2"),
+    # 0 and 1 only, as documented: not a guess at what `yes` or `true` meant
+    ("DMLSHIM_DISABLE", "yes"), ("DMLSHIM_DISABLE", "true"),
     ("DMLSHIM_EMULATOR_GAPS", "fallback,nope"),
     # torch keeps device indices in 8 signed bits: cuda:150 would wrap to -106
     ("DMLSHIM_DEVICE", "emulated-dml:128"), ("DMLSHIM_DEVICE", "dml:200"),
@@ -224,3 +226,75 @@ def test_help_lists_every_option():
     assert proc.returncode == 0
     for opt in config.OPTIONS:
         assert opt.env in proc.stdout and opt.flag in proc.stdout
+    # the emulator's switches by their names; the old names still work but are not offered
+    assert "nll-none-backward" in proc.stdout and "bug-bn-stats" in proc.stdout
+    for old in config.EMULATOR_ALIASES:
+        assert old not in proc.stdout
+        assert config.load(environ={"DMLSHIM_EMULATOR_GAPS": f"all,{old}"}).emulator_gaps
+
+
+def test_the_package_shows_its_api():
+    import dmlshim
+
+    names = dir(dmlshim)
+    assert set(dmlshim.__all__) <= set(names)
+    assert not {"Any", "annotations", "sys"} & set(names), names
+    for name in names:
+        getattr(dmlshim, name)  # every name shown is there
+
+
+def test_get_original_takes_the_owner_or_its_dotted_name_as_gevent_does(shim):
+    import torch
+
+    from dmlshim import get_original
+
+    before = torch.cuda.is_available, torch.Tensor.to, torch.Tensor.cuda
+    shim(device="cpu")
+    assert torch.cuda.is_available is not before[0]  # patched
+    assert get_original(torch.cuda, "is_available") is before[0]
+    assert get_original("torch.cuda", "is_available") is before[0]
+    assert get_original("torch.Tensor", ["to", "cuda"]) == list(before[1:])
+
+
+NO_NUMPY = """
+import sys, warnings
+
+class NoNumpy:  # numpy not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numpy":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoNumpy())
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch
+print(any("Failed to initialize NumPy" in str(w.message) for w in caught))
+"""
+
+
+def test_numpy_is_a_dependency_where_torch_warns_without_it():
+    """README command 1 installs torch and dmlshim: without numpy, `import torch` warns before
+    the script's first line (torch's CPU wheels do not require numpy), so dmlshim requires it."""
+    import re
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-c", NO_NUMPY], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pyproject = (Path(REPO) / "pyproject.toml").read_text(encoding="utf-8")
+    block = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.M | re.S).group(1)
+    required = re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block, re.M)
+    if proc.stdout.split() == ["True"]:
+        assert "numpy" in required, required
+
+
+def test_readme_command_1_prints_nothing_but_the_example(tmp_path):
+    """The example's output, and nothing before it: no warning of torch's or of dmlshim's."""
+    from tests.helpers import clean_env
+
+    proc = subprocess.run([sys.executable, "-m", "dmlshim", os.path.join(REPO, "examples", "train_cnn.py"),
+                           "--epochs", "1"], capture_output=True, text=True, cwd=tmp_path,
+                          env=clean_env(DMLSHIM_DXG_PATH=str(tmp_path / "no-dxg")), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("GPU: ") and "checkpoint saved and reloaded" in proc.stdout

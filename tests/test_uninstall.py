@@ -191,3 +191,52 @@ def test_an_attribute_is_wrapped_once(shim):
     with pytest.raises(RuntimeError, match="already wrapped"):
         Second().install(api.session().capabilities, None)
     assert torch.ones(1).to("cuda").device.type == "cpu"  # the owner's wrapper is intact
+
+
+
+_CYCLES = r"""
+import gc, json, sys
+import torch
+import dmlshim
+from dmlshim import api, patching
+
+def live(cls):
+    return sum(1 for o in gc.get_objects() if isinstance(o, cls))
+
+def cycles(n):
+    for _ in range(n):
+        dmlshim.install(device="emulated-dml")
+        dmlshim.uninstall()
+    gc.collect()
+    return {"patches": live(patching.Patch), "sessions": live(api.Shim),
+            "hooked": sorted(patching._hooked), "objects": len(gc.get_objects())}
+
+first = cycles(3)  # and the one-time state: modules imported, the emulated device registered
+then = cycles(10)
+print("RESULT " + json.dumps({"first": first, "then": then, "frameworks": sorted(
+    m for m in ("torchvision", "accelerate", "lightning") if m in sys.modules)}))
+"""
+
+
+def test_install_uninstall_cycles_leave_no_patch_alive():
+    """Each uninstall drops its patches: the post-import hooks of patches waiting for a framework
+    (oom: accelerate/lightning, vision_ops: torchvision) go with them (wrapt cannot unregister a
+    hook: dmlshim registers one per module name, and the session keeps what waits)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import clean_env
+
+    proc = subprocess.run([sys.executable, "-c", _CYCLES], capture_output=True, text=True,
+                          env=clean_env(DMLSHIM_DISABLE="1"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    r = json.loads(line[len("RESULT "):])
+    assert r["frameworks"] == [], r  # none imported: the patches really waited for them
+    for state in (r["first"], r["then"]):
+        assert state["patches"] == 0 and state["sessions"] == 0, r
+        # one hook per module name for the process, registered once (the modules never came)
+        assert "torchvision" in state["hooked"] and "accelerate.utils" in state["hooked"], r
+    # ten more cycles, no more objects (the leak was about 20 a cycle)
+    assert r["then"]["objects"] - r["first"]["objects"] < 10, r

@@ -85,8 +85,11 @@ def undo(environ, marker):
     return changed
 
 
-def _truthy(value):
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def _disables(value):
+    """``DMLSHIM_DISABLE`` as dmlshim/config.py reads it: "1" disables; any other value leaves
+    the hook on, and a bad one then stops the process with config's message at ``import torch``
+    (as ``import dmlshim`` does)."""
+    return (value or "").strip() == "1"
 
 
 def _install_dmlshim():
@@ -185,14 +188,75 @@ def _chain_shadowed_sitecustomize():
               f"{type(err).__name__}: {err}", file=sys.stderr)
 
 
+class _ScriptView:
+    """``os.environ`` as the script reads it, changed without ``putenv``/``unsetenv``.
+
+    The process's own environment block keeps what the launching process exported (the
+    bootstrap on ``PYTHONPATH``, the options, the marker), so every child that inherits it
+    carries the shim, children of children too: ``subprocess`` without ``env=``, ``os.system``,
+    ``os.exec*v``, multiprocessing's spawn and forkserver, a launcher that never imports torch
+    (ddtrace-run and opentelemetry-instrument cover the process tree the same way). The
+    script's ``os.environ`` is plain python's. What the script sets in ``os.environ`` reaches
+    the block as usual (``putenv``) and so its children."""
+
+    def __init__(self, environ):
+        self.environ = environ
+
+    def get(self, name, default=None):
+        return self.environ.get(name, default)
+
+    def __setitem__(self, name, value):
+        env = self.environ
+        env._data[env.encodekey(name)] = env.encodevalue(value)
+
+    def pop(self, name, default=None):
+        env = self.environ
+        return env._data.pop(env.encodekey(name), default)
+
+
+def _script_view():
+    env = os.environ
+    if all(hasattr(env, a) for a in ("_data", "encodekey", "encodevalue")):
+        return _ScriptView(env)
+    return env  # not CPython's os._Environ: give the environment back to the children too
+
+
 def _read_marker():
     """-> (inherited, active): the environment given back, what the launching process set."""
     marker = os.environ.get(MARKER)
     if marker is None or marker[:1] != "1":
         return {}, False
-    changed = undo(os.environ, marker)
+    changed = undo(_script_view(), marker)
     disabled = changed.get("DMLSHIM_DISABLE", os.environ.get("DMLSHIM_DISABLE"))
-    return changed, not _truthy(disabled)
+    return changed, not _disables(disabled)
+
+
+# the package this file belongs to (its name, from its folder), which ``-m`` runs as the runner
+_PACKAGE = os.path.basename(os.path.dirname(_HERE))
+_RUNNER_MODULES = (_PACKAGE, _PACKAGE + ".__main__")
+
+
+def _is_runner(argv):
+    """Whether ``argv`` (``sys.orig_argv``) starts dmlshim's runner: ``python [options] -m
+    dmlshim``. Python's own options are read as python reads them."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--check-hash-based-pycs":
+            i += 2
+            continue
+        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
+            return False  # a script, stdin, or an option python reports
+        for j in range(1, len(arg)):
+            c = arg[j]
+            if c in "cm":
+                module = arg[j + 1:] or (argv[i + 1] if i + 1 < len(argv) else "")
+                return c == "m" and module in _RUNNER_MODULES
+            if c in "WX":
+                i += 0 if arg[j + 1:] else 1  # the value: the rest, or the next argument
+                break
+        i += 1
+    return False
 
 
 def _start(on):
@@ -205,7 +269,10 @@ def _start(on):
     if _HERE in sys.path:
         sys.path.remove(_HERE)
         sys.path_importer_cache.pop(_HERE, None)
-    _chain_shadowed_sitecustomize()
+    # The runner replaces itself with the interpreter that runs the script, whose bootstrap
+    # runs the shadowed sitecustomize: once per script, as with plain python, not here too.
+    if not _is_runner(getattr(sys, "orig_argv", ())):
+        _chain_shadowed_sitecustomize()
 
 
 if __name__ == "sitecustomize":

@@ -33,8 +33,9 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
-from dmlshim import events
+from dmlshim import current, events
 from dmlshim.check.results import GradientVerdict
+from dmlshim.rebind import registry
 
 # Steps of each optimizer over which a parameter must get a nonzero gradient once. Two steps
 # clear a zero-initialised residual branch; three leave room for a second zero layer behind it.
@@ -92,10 +93,21 @@ class Watch:
         covered = {id(p) for _, m in roots for p in m.parameters()}
         if not self.suspects <= covered:
             roots += _live_roots({id(m) for _, m in roots})
+        replaced = _replaced(none, self.held)
         verdict = GradientVerdict(self.optimizer_name, steps=self.steps)
-        verdict.none, verdict.none_count = _units(none, self.held, roots), len(none)
+        verdict.none, verdict.none_count = _units(none, self.held, roots, replaced), len(none)
         verdict.zero, verdict.zero_count = _units(zero, self.held, roots), len(zero)
+        verdict.replaced_count = len(replaced)
+        shim = current.session
+        if shim is not None:
+            verdict.policy = str(shim.config.optimizer)
         return verdict
+
+
+def _replaced(ids: Set[int], held: Dict[int, Any]) -> Set[int]:
+    """Those of ``ids`` a conversion replaced (the rebind registry recorded them)."""
+    replaced = registry.current().replaced
+    return {i for i in ids if (p := held[i]()) is not None and p in replaced}
 
 
 def _frame_roots(frame: Optional[Any]) -> List[Tuple[str, torch.nn.Module]]:
@@ -130,9 +142,11 @@ def _live_roots(known: Set[int]) -> List[Tuple[str, torch.nn.Module]]:
 
 
 def _units(ids: Set[int], held: Dict[int, torch.Tensor],
-           roots: Iterable[Tuple[str, torch.nn.Module]]) -> List[str]:
+           roots: Iterable[Tuple[str, torch.nn.Module]],
+           replaced: Set[int] = frozenset()) -> List[str]:
     """The fewest names covering ``ids``: a module when every optimizer-held parameter below it
-    is in ``ids`` (the outermost such module), else the parameter itself."""
+    is in ``ids`` (the outermost such module), else the parameter itself. Parameters no module
+    holds are counted (``replaced``: those a conversion replaced)."""
     if not ids:
         return []
     names: Dict[int, str] = {}
@@ -150,8 +164,10 @@ def _units(ids: Set[int], held: Dict[int, torch.Tensor],
     for pname in names.values():
         if not any(pname.startswith(m + ".") for m in out):
             out.append(pname)
-    missing = len(ids - set(names))
-    if missing:
-        out.append(f"{missing} parameter(s) that no module holds (an optimizer left on old "
+    missing = ids - set(names)
+    if missing and missing <= replaced:
+        out.append(f"{len(missing)} parameter(s) that no module holds any more")
+    elif missing:
+        out.append(f"{len(missing)} parameter(s) that no module holds (an optimizer left on old "
                    "parameters?)")
     return out

@@ -72,6 +72,10 @@ class GradientVerdict:
     zero: List[str] = field(default_factory=list)
     none_count: int = 0
     zero_count: int = 0
+    # of the parameters without a gradient, those a conversion replaced (model.to() after the
+    # optimizer was built): the optimizer steps dead copies
+    replaced_count: int = 0
+    policy: str = "rebind"  # DMLSHIM_OPTIMIZER in force (off: nothing rebinds them)
 
     def as_dict(self) -> Dict[str, Any]:
         return {"optimizer": self.optimizer, "steps": self.steps,
@@ -142,6 +146,13 @@ def _gradient_lines(v: GradientVerdict, checking: bool = False) -> List[str]:
     hint += ("; DMLSHIM_CHECK compared the first step(s) with the CPU (ops that differed are "
              "listed)" if checking else
              ", or run with DMLSHIM_CHECK=1 to compare the first step with the CPU")
+    if v.replaced_count and v.replaced_count == v.none_count and v.policy == "off":
+        # not a graph problem: the stall, which the default policy fixes
+        hint = ("; a conversion replaced them with new Parameter objects after the optimizer "
+                "was built (model.to()/.cuda(), load_state_dict(assign=True)), and "
+                "DMLSHIM_OPTIMIZER=off keeps the optimizer on the old ones: unset "
+                "DMLSHIM_OPTIMIZER (the default, rebind, moves the optimizer to the live "
+                "parameters) or build the optimizer after the last model.to(...)")
     out = []
     steps = "the first step" if v.steps == 1 else f"each of the first {v.steps} steps"
     if v.none:

@@ -369,7 +369,7 @@ class DiagnosticsPatch(Patch):
             "target": {
                 "kind": target.kind, "count": target.count, "index": target.index,
                 "reason": target.reason, "names": list(target.names),
-                "float64": list(target.float64),
+                "float64": list(target.float64), "inert": target.inert,
             },
             "options": {name: {"value": value, "source": config.sources.get(name, "default")}
                         for name, value in config.values.items()},

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from dmlshim.patching import Owns, Patch, is_patched, when_imported
+from dmlshim.patching import Owns, Patch, is_patched
 
 log = logging.getLogger("dmlshim")
 
@@ -119,7 +119,7 @@ class OutOfMemoryPatch(Patch):
             caps.limit_memory(int(mib) * 2**20)
             self.on_undo(lambda: caps.limit_memory(None))
         for modname, attr in FRAMEWORK_PREDICATES:
-            when_imported(modname, lambda mod, attr=attr: self._wrap_predicate(mod, attr))
+            self.when_imported(modname, lambda mod, attr=attr: self._wrap_predicate(mod, attr))
 
     def _wrap_predicate(self, module: Any, attr: str) -> None:
         if self.installed and callable(getattr(module, attr, None)) \

@@ -147,7 +147,7 @@ class SerializationPatch(Patch):
             ml, where = kwargs.get("map_location"), "kw"
         new_ml = devicemap.map_device(ml)
         if new_ml is not ml:
-            events.redirected("torch.load", ml, new_ml)
+            events.redirected("torch.load", ml, new_ml, arg="map_location")
         f = args[0] if args else kwargs.get("f")
         seen: set = set()
         try:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from dmlshim.patching import Patch, when_imported
+from dmlshim.patching import Patch
 
 # torchvision operators without a derivative that scripts run on device tensors
 NO_GRAD_OPS = ("nms",)
@@ -39,7 +39,7 @@ class VisionOpsPatch(Patch):
     def _install(self, caps, config) -> None:
         self._lib: Optional[torch.library.Library] = None
         self.on_undo(self._remove)  # also arms the import hook: this patch waits for torchvision
-        when_imported("torchvision", self._register)
+        self.when_imported("torchvision", self._register)
 
     def _remove(self) -> None:
         lib, self._lib = self._lib, None
