@@ -162,9 +162,9 @@ def _inner(tmp: str, site: str, wsl_lib: str, rootless: bool, cmd: List[str]) ->
         # WSL's D3D12 prints nothing; vkd3d-proton logs at info level unless told otherwise
         os.environ.setdefault("VKD3D_DEBUG", "none")
         os.environ.setdefault("VKD3D_SHADER_DEBUG", "none")
-        # its pipeline cache goes to the cwd unless told where: the harness's cache folder
-        os.environ.setdefault("VKD3D_SHADER_CACHE_PATH", _mkdir(_builder().cache_root(),
-                                                                "vkd3d-shader-cache"))
+        # its pipeline cache would go to the cwd, one file that processes running at once
+        # share: off (Mesa's own shader cache, safe across processes, keeps compiles warm)
+        os.environ.setdefault("VKD3D_SHADER_CACHE_PATH", "0")
     if site:
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = site if not old else site + os.pathsep + old
