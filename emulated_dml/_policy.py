@@ -96,7 +96,7 @@ _COMPOSITE_KEYS = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFun
 class Plan:
     __slots__ = ("name", "kind", "fallback_name", "writes", "resizes", "mixed_ok", "impl_keys",
                  "special", "bug", "bug_flag", "cpu_impl", "has_device_kw", "tensor_args",
-                 "strict_out", "out_call", "numbers_ok")
+                 "strict_out", "out_call", "numbers_ok", "composite_calls_out")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -122,6 +122,9 @@ class Plan:
         self.tensor_args: Tuple[Tuple[int, ...], Tuple[str, ...]] = ((), ())
         # an out= overload (gap "out-unsafe": a boxed call from Python is unsafe on the wheel)
         self.out_call = False
+        # an out= overload PyTorch's own composite for its functional form calls (torch.arange):
+        # C++ the emulator does not see enter (a factory composite has no device argument)
+        self.composite_calls_out = False
         # whether a Python number may stand in a Tensor argument in a boxed call (the
         # dispatcher's list: mul, add, sub, div, ...); it then reaches a kernel as a number
         self.numbers_ok = False
@@ -247,8 +250,10 @@ def build(func: torch._ops.OpOverload, specials: Dict[str, Callable],
         else:
             plan.kind, plan.fallback_name = FALLBACK, name
     plan.impl_keys = tuple(keys)
+    plan.composite_calls_out = plan.out_call and (name in OUT_SIZES_ITSELF
+                                                  or _composite_calls_out(func))
     plan.strict_out = (plan.kind == NATIVE and name not in METADATA_INPLACE
                        and name not in OUT_SIZES_ITSELF
                        and any(_is_out_arg(a) for a in func._schema.arguments)
-                       and not _composite_calls_out(func))
+                       and not plan.composite_calls_out)
     return plan

@@ -240,6 +240,20 @@ def _check_mask(mask: Tensor) -> None:
 # Callers below autograd (C++ composites such as Tensor.masked_fill) still reach the wheel's.
 _WHERE = torch._C._VariableFunctions.where
 _COPY_ = torch._C.TensorBase.copy_
+# Tensor.masked_fill (functional): the wheel's composite (a clone filled by its masked_fill_,
+# all in C++), after the mask check
+_MASKED_FILL = torch._C.TensorBase.masked_fill
+
+
+def masked_fill(self: Tensor, mask: Tensor, value) -> Tensor:
+    if mask.dtype is not _BOOL:
+        _check_mask(mask)
+    if isinstance(value, Tensor) and value.device != self.device:
+        # a CPU 0-dim value, as CUDA takes it (the wheel's kernel asserts: "unbox expects Dml
+        # at::Tensor as inputs")
+        value = _TO(value, device=self.device)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _MASKED_FILL(self, mask, value)
 
 
 def _check_shape(self: Tensor, mask: Tensor) -> None:
@@ -554,7 +568,8 @@ KERNEL_GUARDS = {
                              "nll_loss2d_forward": nll_loss2d_forward}),
     "masked_fill_uint8": ("microsoft/DirectML#702", "masked_fill accepts a uint8 mask",
                           {"masked_fill_.Scalar": masked_fill__scalar,
-                           "masked_fill_.Tensor": masked_fill__tensor}),
+                           "masked_fill_.Tensor": masked_fill__tensor,
+                           "masked_fill.Scalar": masked_fill, "masked_fill.Tensor": masked_fill}),
     "reflect_pad": ("not reported", "reflect padding swaps the height and width padding "
                     "(and its backward then raises DirectML's partial-scatter error)",
                     {"reflection_pad2d": reflection_pad2d,
