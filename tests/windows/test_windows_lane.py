@@ -8,7 +8,7 @@ Runs only with ``--windows-python PATH`` (tests/conftest.py). What runs here:
 - children on the CPU target (DataLoader spawn workers, ``mp.spawn``, a subprocess, torchrun
   with gloo), bad input, ``import dmlshim``, the report;
 - the real DirectML.dll on wine's d3d12 (lavapipe; no DXIL, so inference kernels only): the
-  probe, the doctor, an inference CNN through ``python -m dmlshim`` with default options,
+  doctor (and the probe it prints), an inference CNN through ``python -m dmlshim`` with default options,
   compared with the CPU.
 Each Windows process imports torch in ~15 s on 2 cores: the cases are few and run in parallel
 where they can.
@@ -23,7 +23,7 @@ from typing import Dict, Optional
 import pytest
 
 from tests.helpers import CORPUS, describe, losses
-from tests.test_runner_matrix import _compare, _run, cases, make_tree
+from tests.test_runner_matrix import CHILD_SUBSET, _compare, _run, cases, make_tree
 from tests.windows.wine import STATUS_ACCESS_VIOLATION, STATUS_CONTROL_C_EXIT, WindowsPython
 
 SCRIPTS = Path(__file__).with_name("scripts")
@@ -72,18 +72,22 @@ def test_windows_python_reports_windows_statuses(win, tree):
 @pytest.mark.parametrize("mode", ["cpu", "disabled"])
 def test_runner_matches_windows_python(win, tree, mode):
     # every case of the matrix; DMLSHIM_DEVICE=cpu spares each runner run DirectML's probe
-    # (a process that imports torch_directml: ~25 s here), default options are tested below
+    # (a process that imports torch_directml: ~25 s here), default options are tested below;
+    # disabled: the cases without torch of the runner's child path
     mode_env: Dict[str, Optional[str]] = (
         {"DMLSHIM_DISABLE": "1"} if mode == "disabled" else {"DMLSHIM_DEVICE": "cpu"})
-    problems = _compare(tree, mode_env, {}, python=win)
+    subset = CHILD_SUBSET if mode == "disabled" else None
+    problems = _compare(tree, mode_env, {}, subset, python=win)
     assert not problems, "\n".join(problems)
 
 
 def test_runner_with_default_options_matches_windows_python(win, tree):
-    # auto: the runner probes DirectML (it finds the adapter) before it starts the interpreter
-    subset = {"keyboard-interrupt", "crash", "exit-ntstatus", "uncaught-exception"}
-    problems = _compare(tree, {}, {}, subset, python=win)
-    assert not problems, "\n".join(problems)
+    # auto: the runner probes DirectML (it finds the adapter) before it starts the interpreter.
+    # One case at a time: each probe imports torch_directml (~25 s), and a probe slower than
+    # dmlshim's 60 s limit (several at once on 2 cores) reads as an unusable adapter.
+    for case in ("keyboard-interrupt", "crash"):
+        problems = _compare(tree, {}, {}, {case}, python=win)
+        assert not problems, "\n".join(problems)
 
 
 # -- bad input, import dmlshim, the report ---------------------------------------------------
@@ -157,23 +161,17 @@ def test_torchrun_gloo_ranks_train_like_native(win, tmp_path):
 
 # -- the real DirectML.dll on wine's d3d12 ---------------------------------------------------
 
-def test_the_probe_finds_the_adapter(win, tmp_path):
-    code = ("from dmlshim import target\n"
-            "p = target.probe_directml()\n"
-            "print(p.usable, p.count, p.names)\n")
-    proc = win.run(["-c", code], win.env(), tmp_path, timeout=TORCH_TIMEOUT)
-    assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.startswith("True 1 ['llvmpipe"), describe(proc)
-
-
-def test_the_doctor_finds_the_adapter(win, tmp_path):
+def test_the_doctor_and_the_probe_find_the_adapter(win, tmp_path):
+    # the doctor prints the probe's answer (a subprocess that imports torch_directml)
     proc = win.run(["-m", "dmlshim", "--doctor"], win.env(), tmp_path, timeout=TORCH_TIMEOUT)
-    assert "usable:          yes (torch_directml adapter found" in proc.stdout, describe(proc)
+    assert "usable:          yes (torch_directml adapter found; probed in a subprocess)" \
+        in proc.stdout, describe(proc)
     assert "adapter 0:       llvmpipe" in proc.stdout, describe(proc)
-    assert "auto picks" in proc.stdout and "DirectML" in proc.stdout, describe(proc)
-    # wine's d3d12 lacks DXIL: what the doctor says of the kernels it runs is recorded in
-    # tests/windows/README (seen), not asserted; the adapter must be found either way
-    assert proc.returncode in (0, 1), describe(proc)
+    assert "auto picks:      dml (llvmpipe" in proc.stdout, describe(proc)
+    # wine's d3d12 lacks DXIL, so kernels DirectML runs with DXIL shaders only fail there (a
+    # training step's, cross entropy's); the doctor's verdict on the kernels it tries is not
+    # the adapter's: it may say ok (0) or name the failing kernels (1), the adapter is found
+    assert proc.returncode in (0, 1) and "result: " in proc.stdout, describe(proc)
 
 
 def test_inference_cnn_on_the_adapter_matches_the_cpu(win, tmp_path):
