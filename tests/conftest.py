@@ -6,6 +6,9 @@ through the runner in subprocesses get a clean environment from tests/helpers.py
 Tiers: a plain `pytest` runs the fast tier (every area, a few minutes); `--tier rest` runs the
 tests marked ``slow`` (framework matrices, model zoos, long subprocess runs), `--tier all`
 both. .ci/run runs the fast tier, then the rest, on each lane.
+
+``--windows-python PATH``: the Windows lane (.ci/windows-lane): only tests/windows/ runs, on that
+Windows python.exe under wine; without it tests/windows/ is not collected.
 """
 
 import os
@@ -27,6 +30,22 @@ def pytest_addoption(parser):
                      help="the real-wheel lane: run only the tests marked real_d3d12, on the "
                           "real torch-directml wheel installed here over the real D3D12 library "
                           "PATH (vkd3d-proton's libvkd3d-proton-d3d12.so) in the WSL harness")
+    parser.addoption("--windows-python", metavar="PATH", default=None,
+                     help="run tests/windows/ (only) on this Windows python.exe under wine "
+                          "(.ci/windows-lane sets it up)")
+
+
+WINDOWS_TESTS = "tests/windows/"
+
+
+def pytest_ignore_collect(collection_path, config):
+    # tests/windows/ runs in the Windows lane only, and only it: the host of that lane has
+    # pytest and no torch
+    inside = WINDOWS_TESTS.rstrip("/") in collection_path.as_posix()
+    windows = config.getoption("--windows-python") is not None
+    if collection_path.is_dir() and not inside:
+        return None
+    return (not inside) if windows else (inside or None)
 
 
 # The rest tier besides tests marked slow where they are written: the longest tests of the
@@ -111,6 +130,8 @@ def pytest_collection_modifyitems(config, items):
     # them), without it none do (they need the library, which the project does not build).
     real = config.getoption("--real-d3d12") is not None
     tier = config.getoption("--tier")
+    if config.getoption("--windows-python"):
+        return  # tests/windows/ only (pytest_ignore_collect), every tier
     keep, drop = [], []
     for item in items:
         if item.get_closest_marker("real_d3d12") is not None and not real:
@@ -137,7 +158,7 @@ def pytest_configure(config):
         helpers.REAL_D3D12 = os.path.abspath(real)
     # PyTorch's autograd engine sizes its per-device queues at the first backward() of the
     # process: the emulated device's guard must exist before any CPU test runs backward().
-    if "torch_directml" not in sys.modules:
+    if "torch_directml" not in sys.modules and not config.getoption("--windows-python"):
         import emulated_dml as emulator
 
         emulator.install_device_guard()

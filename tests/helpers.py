@@ -49,6 +49,33 @@ def clean_env(**extra: Optional[str]) -> Dict[str, str]:
     return env
 
 
+class Python:
+    """The interpreter tests start scripts with, as ``[python, *args]``: this one. The Windows
+    lane (tests/windows/wine.py) starts the Windows CPython under wine through the same four
+    members, so a test written against them runs on both."""
+
+    pathsep = os.pathsep
+
+    def path(self, path: PathLike) -> str:
+        """``path`` (of this machine) as that interpreter names it."""
+        return str(path)
+
+    def env(self, **extra: Optional[str]) -> Dict[str, str]:
+        """:func:`clean_env` for that interpreter."""
+        return clean_env(**extra)
+
+    def run(self, args: Sequence[str], env: Mapping[str, str], cwd: PathLike,
+            input: Optional[str] = None,
+            timeout: float = DEFAULT_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        """``python *args``; its exit status as that platform's ``subprocess`` reports it."""
+        return subprocess.run([sys.executable, *args], input=input, capture_output=True,
+                              text=True, env=dict(env), cwd=str(cwd), timeout=timeout,
+                              check=False)
+
+
+HOST = Python()
+
+
 def script_path(script: PathLike) -> Path:
     """``script`` as a path: a bare name like ``"mlp.py"`` or ``"mlp"`` means tests/corpus/."""
     path = Path(script)

@@ -41,6 +41,20 @@ def test_exit_status_is_the_scripts(code):
     assert run(["-m", "dmlshim", PROBE, code]).returncode == int(code)
 
 
+@pytest.mark.parametrize("unsigned, signed", [
+    (0, 0), (3, 3), (0x7FFFFFFF, 0x7FFFFFFF), (0xFFFFFFFF, -1),
+    (0xC000013A, -1073741510),  # STATUS_CONTROL_C_EXIT: an uncaught Ctrl-C
+    (0xC0000005, -1073741819),  # STATUS_ACCESS_VIOLATION
+])
+def test_windows_child_status_is_passed_on_as_python_reports_it(unsigned, signed):
+    # Windows' subprocess gives statuses unsigned; sys.exit() of one above 2**31-1 would exit
+    # 0xFFFFFFFF. The signed form exits with the same 32 bits (the Windows lane runs it).
+    from dmlshim.runner import windows_exit_status
+
+    assert windows_exit_status(unsigned) == signed
+    assert windows_exit_status(unsigned) & 0xFFFFFFFF == unsigned
+
+
 def test_device_index_limit_is_torchs():
     assert config.load(environ={"DMLSHIM_DEVICE": "emulated-dml:127"}).device == "emulated-dml:127"
     assert config.load(environ={"DMLSHIM_DEVICE": "dml:127"}).device == "dml:127"

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from tests.helpers import REPO, clean_env
+from tests.helpers import HOST, REPO, Python, clean_env
 
 PROBE = textwrap.dedent('''
     import os, sys, traceback, warnings
@@ -58,6 +58,10 @@ CASE_SOURCES = {
     "stdin.py": "import sys\ndata = sys.stdin.read()\nprint(len(data), repr(data[:40]))\n",
     "warn.py": "import warnings\nwarnings.warn('deprecated thing', DeprecationWarning)\n"
                "warnings.warn('user thing')\nprint('after warnings')\n",
+    "exit_int.py": "import sys\nsys.exit(int(sys.argv[1]))\n",
+    # an access violation python does not handle (SIGSEGV; on Windows 0xC0000005)
+    "crash.py": "import faulthandler\nfaulthandler.disable()\nprint('crashing', flush=True)\n"
+                "faulthandler._read_null()\n",
     "omp.py": "import os, sys\nos.environ['OMP_NUM_THREADS'] = '1'\n"
               "print('torch-first', 'torch' in sys.modules)\nimport torch\n"
               "print('threads', torch.get_num_threads())\n",
@@ -75,8 +79,14 @@ class Case:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("matrix")
+    return make_tree(tmp_path_factory.mktemp("matrix"))
+
+
+def make_tree(root: Path) -> Path:
+    """The cases' scripts, folders and apps under ``root``."""
     (root / "probe.py").write_text(PROBE)
+    (root / "a folder with spaces").mkdir()
+    (root / "a folder with spaces" / "the probe.py").write_text(PROBE)
     for name, source in CASE_SOURCES.items():
         (root / name).write_text(source)
     # a symlinked script imports its siblings from the folder it really lives in
@@ -101,65 +111,75 @@ def tree(tmp_path_factory) -> Path:
     return root
 
 
-def cases(root: Path) -> List[Case]:
-    py = str(root / "probe.py")
-    empty_entries = os.pathsep.join([str(REPO), "", "/nonexistent", ""])  # kept byte for byte
+def cases(root: Path, python: Python = HOST) -> List[Case]:
+    def at(*parts: str) -> str:  # as the interpreter names it (Windows: Z:\\..., backslashes)
+        return python.path(root.joinpath(*parts))
+
+    py = at("probe.py")
+    empty_entries = python.pathsep.join(  # kept byte for byte
+        [python.path(REPO), "", python.path("/nonexistent"), ""])
     return [
         Case("script", [py, "a", "b"]),
+        Case("folder-with-spaces",
+             [at("a folder with spaces", "the probe.py"), "x y", "C:\\a\\b"]),
         Case("argv-unicode-spaces", [py, "héllo wörld", "a  b", "ü", ""]),
         Case("pythonpath-empty-entries", [py], env={"PYTHONPATH": empty_entries}),
-        Case("exit-3", [str(root / "exit3.py")]),
-        Case("exit-none", [str(root / "exit_none.py")]),
-        Case("exit-str", [str(root / "exit_str.py")]),
-        Case("exit-object", [str(root / "exit_obj.py")]),
-        Case("exit-true", [str(root / "exit_true.py")]),
-        Case("uncaught-exception", [str(root / "boom.py")]),
-        Case("sigterm", [str(root / "sigterm.py")]),
-        Case("keyboard-interrupt", [str(root / "ctrl_c.py")]),
-        Case("stdin", [str(root / "stdin.py")], stdin="line one\nlïne two\n" * 50),
+        Case("exit-3", [at("exit3.py")]),
+        Case("exit-none", [at("exit_none.py")]),
+        Case("exit-str", [at("exit_str.py")]),
+        Case("exit-object", [at("exit_obj.py")]),
+        Case("exit-true", [at("exit_true.py")]),
+        # Windows: above 2**31-1 python exits 0xFFFFFFFF; a negative number is an NTSTATUS
+        Case("exit-above-int32", [at("exit_int.py"), str(0xC000013A)]),
+        Case("exit-ntstatus", [at("exit_int.py"), str(0xC000013A - (1 << 32))]),
+        Case("exit-2-32", [at("exit_int.py"), str(1 << 32)]),
+        Case("crash", [at("crash.py")]),
+        Case("uncaught-exception", [at("boom.py")]),
+        Case("sigterm", [at("sigterm.py")]),
+        Case("keyboard-interrupt", [at("ctrl_c.py")]),
+        Case("stdin", [at("stdin.py")], stdin="line one\nlïne two\n" * 50),
         Case("program-from-stdin", ["-", "x"], stdin=PROBE),
-        Case("symlinked-script", [str(root / "links" / "main.py")]),
-        Case("directory", [str(root / "appdir"), "d"]),
-        Case("zip-app", [str(root / "app.zip"), "z"]),
+        Case("symlinked-script", [at("links", "main.py")]),
+        Case("directory", [at("appdir"), "d"]),
+        Case("zip-app", [at("app.zip"), "z"]),
         Case("dash-c", ["-c", PROBE, "c1", "c2"]),
         Case("dash-m", ["-m", "pkg.mod", "m1"], cwd=root),
         Case("dash-P", ["-P", py]),
         Case("dash-P-m", ["-P", "-m", "pkg.mod"], cwd=root),
         Case("dash-W", ["-W", "error::UserWarning", "-Wignore::DeprecationWarning",
-                        str(root / "warn.py")]),
-        Case("default-warnings", [str(root / "warn.py")]),
+                        at("warn.py")]),
+        Case("default-warnings", [at("warn.py")]),
         Case("dash-X", ["-X", "dev", "-Xutf8", py]),
         Case("dash-u-O", ["-u", "-OO", py]),
-        Case("missing-script", [str(root / "no_such_script.py")]),
+        Case("missing-script", [at("no_such_script.py")]),
         Case("missing-module", ["-m", "no_such_module_xyz"]),
-        Case("omp-threads-before-torch", [str(root / "omp.py")]),
+        Case("omp-threads-before-torch", [at("omp.py")]),
     ]
 
 
 # The cases run through the runner's Windows path too (forced on Linux).
-CHILD_SUBSET = {"script", "exit-3", "exit-str", "uncaught-exception", "sigterm",
-                "keyboard-interrupt", "stdin", "dash-c", "dash-m", "dash-W",
-                "pythonpath-empty-entries"}
+CHILD_SUBSET = {"script", "exit-3", "exit-str", "exit-above-int32", "exit-ntstatus", "crash",
+                "uncaught-exception", "sigterm", "keyboard-interrupt", "stdin", "dash-c",
+                "dash-m", "dash-W", "pythonpath-empty-entries", "folder-with-spaces"}
 
 
-def _run(args: List[str], case: Case, mode_env: Dict[str, Optional[str]], cwd: Path):
-    env = clean_env(**mode_env)
+def _run(args: List[str], case: Case, mode_env: Dict[str, Optional[str]], cwd: Path,
+         python: Python = HOST):
+    env = python.env(**mode_env)
     env.update(case.env)
-    return subprocess.run([sys.executable, *args], input=case.stdin, capture_output=True,
-                          text=True, env=env, cwd=str(case.cwd or cwd),
-                          timeout=120, check=False)
+    return python.run(args, env, case.cwd or cwd, input=case.stdin, timeout=300)
 
 
 def _compare(root: Path, mode_env: Dict[str, Optional[str]], runner_env: Dict[str, str],
-             subset: Optional[set] = None) -> List[str]:
-    selected = [c for c in cases(root) if subset is None or c.name in subset]
+             subset: Optional[set] = None, python: Python = HOST) -> List[str]:
+    selected = [c for c in cases(root, python) if subset is None or c.name in subset]
     # runner_env goes to both runs: python ignores the runner's switches, and the script must
     # see them through the runner exactly as python shows them
     env = dict(mode_env, **runner_env)
 
     def pair(case: Case):
-        return (_run(case.args, case, env, root),
-                _run(["-m", "dmlshim", *case.args], case, env, root))
+        return (_run(case.args, case, env, root, python),
+                _run(["-m", "dmlshim", *case.args], case, env, root, python))
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(pair, selected))
@@ -188,11 +208,13 @@ def _sanity(root: Path) -> None:
     by_name = {c.name: c for c in cases(root)}
     got = {n: _run(by_name[n].args, by_name[n], {}, root) for n in
            ("script", "sigterm", "keyboard-interrupt", "exit-str", "omp-threads-before-torch",
-            "symlinked-script")}
+            "symlinked-script", "crash", "folder-with-spaces")}
     assert got["script"].returncode == 0 and "globals" in got["script"].stdout
     assert got["script"].stderr.count("File ") == 1 and "probe.py" in got["script"].stderr
     assert got["sigterm"].returncode == -signal.SIGTERM
     assert got["keyboard-interrupt"].returncode == -signal.SIGINT
+    assert got["crash"].returncode == -signal.SIGSEGV and "crashing" in got["crash"].stdout
+    assert "argv ['" in got["folder-with-spaces"].stdout
     assert got["exit-str"].returncode == 1 and "bye" in got["exit-str"].stderr
     assert "threads 1" in got["omp-threads-before-torch"].stdout
     assert "sibling of the real file" in got["symlinked-script"].stdout
