@@ -24,7 +24,9 @@ EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-
                  "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
                  "channels-last", "layer-norm-nobias", "storage", "inference-mode", "bfloat16",
                  "maxpool-flat-indices", "out-resize", "resize", "unique-counts",
-                 "scatter-partial", "masked-fill-mode", "out-unsafe", "flip-negative-dims")
+                 "scatter-partial", "masked-fill-mode", "out-unsafe", "flip-negative-dims",
+                 "bn-mixed-backward", "gather-scatter-negative-dim",
+                 "rsub-float-number")
 EMULATOR_BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none",
                  "bug-bilinear")
 # The old names of nll-none-backward and mul-bool (opt-in bugs once): still accepted, not listed

@@ -23,6 +23,14 @@ can be tested against them:
 * ``layer-norm-nobias``: the layer-norm backward without a bias fails (see ``_layer_norm_bwd``).
 * ``flip-negative-dims``: ``flip`` with a negative dim raises (the wheel's ``flip_dml_helper``
   segfaults on it).
+* ``bn-mixed-backward``: the batch-norm backward of a float16 (or bfloat16) input with float32
+  weights (CUDA autocast's form) raises the wheel's ``Unknown error -2147024809`` (E_INVALIDARG);
+  the forward works, and so does the backward in one dtype.
+* ``gather-scatter-negative-dim``: ``gather`` with a negative dim gives wrong values (modelled:
+  the index read in reverse along that dim), ``scatter``/``scatter_add`` with one raise the
+  partial-update error (the wheel compares the unwrapped dim with the index's dims).
+* ``rsub-float-number``: ``1.0 - x`` (rsub with a float number, which arrives as a CPU
+  float64 wrapped scalar) raises the float64 message; an int number or a tensor works.
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
 
@@ -44,6 +52,7 @@ from emulated_dml._state import check_index, state
 from emulated_dml._tensor import (
     BUGS,
     CPU_IMPLS,
+    F64_MESSAGE,
     SPECIALS,
     EmuTensor,
     check_float64,
@@ -325,12 +334,37 @@ def _scatter_gap(func, plan, args, kwargs):
     self = args[0]
     dim = args[1] if len(args) > 1 else kwargs["dim"]
     index = args[2] if len(args) > 2 else kwargs["index"]
+    if state.gather_scatter_negative_dim and dim < 0:
+        raise RuntimeError(SCATTER_PARTIAL_MESSAGE)
     if state.scatter_partial and self.dim() and index.dim() == self.dim():
         dim %= self.dim()
         if any(index.shape[d] != self.shape[d] for d in range(self.dim()) if d != dim):
             raise RuntimeError(SCATTER_PARTIAL_MESSAGE)
     if state.bug_scatter_add and "scatter_add" in plan.name:
         raise RuntimeError(SCATTER_ADD_MESSAGE)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+def _rsub_gap(func, plan, args, kwargs):
+    # rsub(self, other, alpha): a float number (or its float64 wrapped scalar) is refused
+    other = args[1] if len(args) > 1 else kwargs["other"]
+    if isinstance(other, float) or (type(other) is torch.Tensor and other.dim() == 0
+                                    and other.dtype is torch.float64):
+        raise RuntimeError(F64_MESSAGE)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+def _gather_gap(func, plan, args, kwargs):
+    # gather(self, dim, index[, sparse_grad]) with a negative dim: a wrong result of the right
+    # shape (the wheel's values are not modelled; any wrong result shows a missing guard)
+    dim = args[1] if len(args) > 1 else kwargs["dim"]
+    if dim < 0:
+        index = args[2] if len(args) > 2 else kwargs["index"]
+        flipped = wrap(index._elem.flip([index.dim() - 1]), index._index)
+        if len(args) > 2:
+            args = tuple(args[:2]) + (flipped,) + tuple(args[3:])
+        else:
+            kwargs = dict(kwargs, index=flipped)
     return run_on_cpu(func, plan, args, kwargs)
 
 
@@ -406,6 +440,21 @@ def _flip_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+BN_MIXED_MESSAGE = (
+    "Unknown error -2147024809 (native_batch_norm_backward of a {} input with {} weights: "
+    "torch-directml 0.2.5 refuses the mixed dtypes; dmlshim emulator, gap bn-mixed-backward)")
+
+
+def _bn_mixed_backward_gap(func, plan, args, kwargs):
+    # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+    # output_mask): a weight in another dtype than the input's is refused
+    x = args[1] if len(args) > 1 else kwargs["input"]
+    weight = args[2] if len(args) > 2 else kwargs.get("weight")
+    if weight is not None and weight.dtype != x.dtype:
+        raise RuntimeError(BN_MIXED_MESSAGE.format(x.dtype, weight.dtype))
+    return run_on_cpu(func, plan, args, kwargs)
+
+
 def _bn_stats_bug(func, plan, args, kwargs):
     # native_batch_norm(input, weight, bias, running_mean, running_var, training, ...):
     # run with copies of the running statistics so the real ones stay as they were.
@@ -459,6 +508,12 @@ BUGS.update({
     "aten::_unique2.out": ("unique_counts", _unique_gap),
     "aten::flip": ("flip_negative_dims", _flip_gap),
     "aten::flip.out": ("flip_negative_dims", _flip_gap),
+    "aten::rsub.Tensor": ("rsub_float_number", _rsub_gap),
+    "aten::rsub.Scalar": ("rsub_float_number", _rsub_gap),
+    "aten::gather": ("gather_scatter_negative_dim", _gather_gap),
+    "aten::gather.out": ("gather_scatter_negative_dim", _gather_gap),
+    "aten::native_batch_norm_backward": ("bn_mixed_backward", _bn_mixed_backward_gap),
+    "aten::native_batch_norm_backward.out": ("bn_mixed_backward", _bn_mixed_backward_gap),
     "aten::_native_batch_norm_legit": ("bug_bn_stats", _bn_stats_bug),
     "aten::_batch_norm_with_update": ("bug_bn_stats", _bn_stats_bug),
 })

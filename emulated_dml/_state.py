@@ -18,7 +18,8 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "nll-none-backward", "masked-fill-uint8", "reflect-pad", "channels-last",
         "layer-norm-nobias", "storage", "inference-mode", "bfloat16", "maxpool-flat-indices",
         "out-resize", "resize", "unique-counts", "scatter-partial",
-        "masked-fill-mode", "out-unsafe", "flip-negative-dims")
+        "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
+        "gather-scatter-negative-dim", "rsub-float-number")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -67,6 +68,9 @@ class _State:
     scatter_partial: bool = True
     out_unsafe: bool = True
     flip_negative_dims: bool = True
+    bn_mixed_backward: bool = True
+    gather_scatter_negative_dim: bool = True
+    rsub_float_number: bool = True
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False
     bug_scatter_add: bool = False
@@ -106,7 +110,8 @@ def apply_switches(names: frozenset) -> None:
     for name in GAPS[4:] + BUGS:  # the hot-path flag of "mul-bool" is state.mul_bool
         setattr(state, name.replace("-", "_"), name in names)
     state.nll_backward_any = state.nll_none_backward or state.bug_nll_ignore
-    state.scatter_any = state.scatter_partial or state.bug_scatter_add
+    state.scatter_any = state.scatter_partial or state.bug_scatter_add \
+        or state.gather_scatter_negative_dim
     state.nll_forward_any = state.bug_nll_ignore or state.bug_ce_2d_none
 
 

@@ -207,6 +207,56 @@ case("scatter_partial", lambda: enc(torch.zeros(4, 5, device=dev).scatter(
     1, torch.zeros(2, 1, dtype=torch.long, device=dev), 1.0)))
 case("scatter_full", lambda: enc(torch.zeros(4, 5, device=dev).scatter(
     1, torch.tensor([[0], [1], [2], [4]], device=dev), 1.0)))
+# the batch-norm backward of a float16 input with float32 weights (CUDA autocast's form)
+def bn_mixed():
+    torch.manual_seed(5)
+    xi = leaf(torch.randn(4, 3, 5, 5).half())
+    bn = nn.BatchNorm2d(3).to(dev)
+    y = bn(xi)
+    (y.float() * torch.arange(float(y.numel())).reshape(y.shape).to(dev) / y.numel()).sum().backward()
+    return {"out": enc(y.float()), "grad": enc(xi.grad.float()), "grad_dtype": str(xi.grad.dtype),
+            "weight_grad": enc(bn.weight.grad), "bias_grad": enc(bn.bias.grad),
+            "running_mean": enc(bn.running_mean)}
+case("bn_mixed", bn_mixed)
+# scatter_add: YOLOv8's form (a partial update of an int8 count) and a full one with gradients
+def scatter_add():
+    idx = torch.tensor([[[3], [0], [9]], [[3], [3], [1]]]).to(dev)
+    ones = torch.ones(2, 3, 1, dtype=torch.int8, device=dev)
+    res = {"int8_partial": enc(torch.zeros(2, 3, 10, dtype=torch.int8, device=dev)
+                               .scatter_add_(-1, idx, ones))}
+    xi, si = leaf(torch.randn(3, 6)), leaf(torch.randn(3, 4))
+    ii = torch.tensor([[0, 5, 0, 2], [1, 1, 1, 1], [4, 3, 2, 0]]).to(dev)
+    y = xi.scatter_add(1, ii, si)
+    (y * torch.arange(18.0).reshape(3, 6).to(dev)).sum().backward()
+    res["float_full"] = {"out": enc(y), "grad_self": enc(xi.grad), "grad_src": enc(si.grad)}
+    return res
+case("scatter_add", scatter_add)
+# gather with a negative dim (wrong values), scatter and scatter_add with one (raise)
+def gather_scatter_negative():
+    xi = leaf(torch.randn(3, 6))
+    ii = torch.tensor([[0, 5, 0, 2], [1, 1, 1, 1], [4, 3, 2, 0]]).to(dev)
+    res = {"scatter": enc(torch.zeros(3, 6, device=dev).scatter(-1, ii[:, :1], 1.0)),
+           "scatter_add": enc(torch.zeros(3, 6, device=dev).scatter_add(
+               -1, ii, torch.ones(3, 4, device=dev)))}
+    y = xi.gather(-1, ii)
+    res["gather"] = enc(y)
+    (y * torch.arange(12.0).reshape(3, 4).to(dev)).sum().backward()
+    res["grad"] = enc(xi.grad)
+    return res
+case("gather_scatter_negative", gather_scatter_negative)
+def gather_negative_forward():
+    return enc(torch.arange(18.0).reshape(3, 6).to(dev).gather(
+        -1, torch.tensor([[0, 5], [1, 1], [4, 3]]).to(dev)))
+case("gather_negative_forward", gather_negative_forward)
+# a float number minus a device tensor (its float64 wrapped scalar is refused)
+def rsub_number():
+    xi = leaf(torch.tensor([0.25, 0.5, 2.0]))
+    y = 1.0 - xi
+    (y * y).sum().backward()
+    return {"out": enc(y), "grad": enc(xi.grad), "half": enc(1.0 - xi.detach().half()),
+            "int_tensor": enc(1.5 - torch.tensor([1, 2]).to(dev)),
+            "alpha": enc(torch.rsub(xi.detach(), 3.0, alpha=2)), "int_number": enc(1 - xi.detach())}
+case("rsub_number", rsub_number)
 
 # seen on the software adapter (opt-in bug switches in the emulator): every guard is right
 # with and without them; loss and gradient against the CPU
@@ -352,13 +402,23 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "ln_weight_input_no_grad", "ln_weight_and_bias", "unique_counts", "unique_plain",
              "unique_inverse", "flip_negative",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
-             "scatter_based"]
+             "scatter_based", "scatter_add", "gather_scatter_negative",
+             "gather_negative_forward", "rsub_number"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
 def test_guards_give_the_cpu_result(runs, fact):
     cpu, shim = runs["cpu"][fact], runs["shim"][fact]
     assert close(shim, cpu), (fact, shim, cpu)
+
+
+def test_the_mixed_batch_norm_backward_gives_the_cpus_result_in_float16(runs):
+    # the guard computes the backward in float32 and hands float16 back; the CPU's mixed kernel
+    # rounds its float16 gradient on its own way: float16's precision apart
+    cpu, shim = runs["cpu"]["bn_mixed"], runs["shim"]["bn_mixed"]
+    assert "error" not in cpu and "error" not in shim, (cpu, shim)
+    assert shim["grad_dtype"] == cpu["grad_dtype"] == "torch.float16"
+    assert close(shim, dict(cpu, grad_dtype=shim["grad_dtype"]), 2e-3), (shim, cpu)
 
 
 def test_the_cpu_reference_is_what_torch_says(runs):
@@ -428,6 +488,14 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     assert "partially modified dimensions" in wheel["scatter_partial"]["error"]
     assert "partially modified dimensions" in runs["shim"]["scatter_partial"]["error"]
     assert close(wheel["scatter_full"], cpu["scatter_full"])
+    assert "partially modified dimensions" in wheel["scatter_add"]["error"]  # YOLOv8's form
+    # a negative dim: gather is wrong, scatter (and gather's backward, a scatter_add) raise
+    assert "partially modified dimensions" in wheel["gather_scatter_negative"]["error"]
+    assert not close(wheel["gather_negative_forward"], cpu["gather_negative_forward"])
+    assert wheel["rsub_number"] == {
+        "error": "RuntimeError: The GPU device does not support Double (Float64) operations!"}
+    # the batch-norm backward refuses a float16 input with float32 weights
+    assert wheel["bn_mixed"]["error"].startswith("RuntimeError: Unknown error -2147024809")
     assert wheel["guard_notes"] == {}
 
 
@@ -438,6 +506,9 @@ def test_guard_counters(runs):
     assert notes["guard.nll"] > 0 and notes["guard.bilinear"] == 8
     # (reflect padding: the forward only; autograd differentiates its narrow, flip and cat)
     assert notes["guard.reflect_pad"] == 1 and notes["guard.layer_norm_nobias"] == 3
+    # (scatter_add: two calls, and the backward of a gather)
+    assert notes["guard.bn_mixed_backward"] == 1 and notes["guard.scatter_add"] == 4
+    assert notes["guard.rsub_number"] == 4
 
 
 @pytest.mark.parametrize("run", ["shim", "wheel"])

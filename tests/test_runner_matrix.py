@@ -200,7 +200,11 @@ def _first_difference(a, b) -> str:
             at = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
             return (f"line {i + 1}, column {at}:\n  python:  ...{x[max(0, at - 200):at + 300]!r}"
                     f"\n  dmlshim: ...{y[max(0, at - 200):at + 300]!r}")
-    return f"python {len(a.splitlines())} lines, dmlshim {len(b.splitlines())} lines"
+    la, lb = a.splitlines(), b.splitlines()
+    extra = "python" if len(la) > len(lb) else "dmlshim"
+    more = (la if len(la) > len(lb) else lb)[min(len(la), len(lb)):]
+    return (f"python {len(la)} lines, dmlshim {len(lb)} lines; {extra} also printed: "
+            f"{more[:5]!r}")
 
 
 def _sanity(root: Path) -> None:

@@ -552,6 +552,163 @@ def flip(self: Tensor, dims: Sequence[int]) -> Tensor:
         return _FLIP(self, dims)
 
 
+# -- number - tensor: "does not support Double" -----------------------------------------------
+# ``1.0 - x`` (Tensor.__rsub__; diffusion schedules, IoU losses) reaches rsub with the number
+# as a CPU float64 wrapped scalar, which the wheel's kernel refuses ("The GPU device does not
+# support Double (Float64) operations!"); an int number or a tensor works. Above autograd:
+# other - alpha * self as -self + other (bit for bit the same), the number staying a number
+# (torch's promotion: a float number with an integer tensor gives the default float dtype).
+
+_NEG = torch._C._VariableFunctions.neg
+_ADD = torch._C._VariableFunctions.add
+_RSUB = torch._C._VariableFunctions.rsub
+_ITEM = torch._C.TensorBase.item
+
+
+def rsub_tensor(self: Tensor, other, alpha=1) -> Tensor:
+    if type(other) is Tensor and other.dim() == 0 and other.dtype is torch.float64 \
+            and other.device.type == "cpu":
+        other = _ITEM(other)  # the wrapped scalar of a Python float
+    if isinstance(other, float) and self.dtype is not _BOOL:
+        events.note("guard.rsub_number")
+        with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+            scaled = _NEG(self) if alpha == 1 else _MUL(self, -alpha)
+            return _ADD(scaled, other)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _RSUB(self, other, alpha=alpha)
+
+
+# -- gather and scatter with a negative dim: wrong values (gather) or the partial-update error --
+# (scatter, scatter_add: the wheel compares the unwrapped dim with the index's dims). Above
+# autograd: the dim made non-negative, then the wheel's own kernel (gather's backward is a
+# scatter_add, which the scatter_add guard computes).
+
+_GATHER = torch._C._VariableFunctions.gather
+_SCATTER = torch._C._VariableFunctions.scatter
+_SCATTER_ = torch._C.TensorBase.scatter_
+
+
+def gather(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
+    if dim < 0:
+        dim = _wrap_dim(dim, self.dim())
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _GATHER(self, dim, index, sparse_grad=sparse_grad)
+
+
+def scatter(self: Tensor, dim: int, index: Tensor, src, *, reduce: Optional[str] = None
+            ) -> Tensor:
+    # scatter.src, .value, .reduce, .value_reduce (src a tensor or a number)
+    if dim < 0:
+        dim = _wrap_dim(dim, self.dim())
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        if reduce is None:
+            return _SCATTER(self, dim, index, src)
+        return _SCATTER(self, dim, index, src, reduce=reduce)
+
+
+def scatter_(self: Tensor, dim: int, index: Tensor, src, *, reduce: Optional[str] = None
+             ) -> Tensor:
+    if dim < 0:
+        dim = _wrap_dim(dim, self.dim())
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        if reduce is None:
+            return _SCATTER_(self, dim, index, src)
+        return _SCATTER_(self, dim, index, src, reduce=reduce)
+
+
+# -- batch norm backward with a float16 input and float32 weights: E_INVALIDARG ---------------
+# The form CUDA autocast makes (batch norm runs in the input's dtype with the module's float32
+# parameters): the wheel's forward takes it, its backward raises "Unknown error -2147024809"
+# (train and eval; all-float16 and all-float32 work). Above autograd: the backward's half
+# inputs go to the wheel's own kernel in the weight's dtype, and grad_input comes back in the
+# input's (what CUDA's kernel computes in: float32 accumulation).
+
+_BN_BACKWARD = aten.native_batch_norm_backward.default._op  # functional
+
+
+def native_batch_norm_backward(grad_out: Tensor, input: Tensor,  # noqa: A002 - aten's names
+                               weight: Optional[Tensor], running_mean: Optional[Tensor],
+                               running_var: Optional[Tensor], save_mean: Optional[Tensor],
+                               save_invstd: Optional[Tensor], train: bool, eps: float,
+                               output_mask: Sequence[bool]
+                               ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    if weight is None or weight.dtype is input.dtype:
+        with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+            return _BN_BACKWARD(grad_out, input, weight, running_mean, running_var, save_mean,
+                                save_invstd, train, eps, output_mask)
+    events.note("guard.bn_mixed_backward")
+    dtype = weight.dtype
+    if save_mean is not None and save_mean.dtype is not dtype:
+        save_mean = _TO(save_mean, dtype)
+    if save_invstd is not None and save_invstd.dtype is not dtype:
+        save_invstd = _TO(save_invstd, dtype)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        grad_input, grad_weight, grad_bias = _BN_BACKWARD(
+            _TO(grad_out, dtype), _TO(input, dtype), weight, running_mean, running_var,
+            save_mean, save_invstd, train, eps, output_mask)
+    if grad_input is not None:
+        grad_input = _TO(grad_input, input.dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- scatter_add raises (software adapter: partial or not, any dtype) -------------------------
+# scatter_add(self, dim, index, src): self[..., index[i], ...] += src[i] along dim. Above
+# autograd, built on index_put_ with accumulate (which the wheel computes right, duplicates
+# included), the index tuple being index along dim and an arange along every other dim; src
+# narrowed to index's extents as scatter_add reads it. Autograd records index_put's derivative.
+# Odd forms (a 0-dim self, mixed dtypes) go to the wheel's kernel, which gives torch's error.
+
+_INDEX_PUT = torch._C._VariableFunctions.index_put
+_INDEX_PUT_ = torch._C.TensorBase.index_put_
+_SCATTER_ADD = torch._C._VariableFunctions.scatter_add
+_SCATTER_ADD_ = torch._C.TensorBase.scatter_add_
+
+
+def _scatter_add_args(self: Tensor, dim: int, index: Tensor, src: Tensor):
+    """(index tuple, values) for index_put, or None where the wheel's kernel should decide."""
+    rank = self.dim()
+    if rank == 0 or index.dim() != rank or src.dim() != rank or src.dtype is not self.dtype \
+            or index.dtype is not torch.int64:
+        return None
+    dim = _wrap_dim(dim, rank)
+    events.note("guard.scatter_add")
+    shape = index.shape
+    indices: List[Tensor] = []
+    for k in range(rank):
+        if k == dim:
+            indices.append(index)
+            continue
+        if shape[k] > self.shape[k] or shape[k] > src.shape[k]:
+            raise RuntimeError(
+                f"Expected index {list(shape)} to be smaller than self {list(self.shape)} apart "
+                f"from dimension {dim} and to be smaller size than src {list(src.shape)}")
+        view = [1] * rank
+        view[k] = shape[k]
+        indices.append(_ARANGE(0, shape[k], 1, dtype=torch.int64,
+                               device=index.device).reshape(view))
+    if src.shape != shape:
+        for k in range(rank):
+            if src.shape[k] != shape[k]:
+                src = src.narrow(k, 0, shape[k])
+    return indices, src
+
+
+def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    fixed = _scatter_add_args(self, dim, index, src)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        if fixed is None:
+            return _SCATTER_ADD(self, dim, index, src)
+        return _INDEX_PUT(self, fixed[0], fixed[1], True)
+
+
+def scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    fixed = _scatter_add_args(self, dim, index, src)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        if fixed is None:
+            return _SCATTER_ADD_(self, dim, index, src)
+        return _INDEX_PUT_(self, fixed[0], fixed[1], True)
+
+
 # guard name -> (issues, what it fixes, {aten overload: kernel})
 KERNEL_GUARDS = {
     "eye": ("microsoft/DirectML#431", "torch.eye on the device comes back empty",
@@ -589,6 +746,19 @@ KERNEL_GUARDS = {
                   "empty result it does not resize", {"logsumexp": logsumexp}),
     "flip_dims": ("not reported", "flip with a negative dim segfaults (flip_dml_helper)",
                   {"flip": flip}),
+    "bn_mixed_backward": ("not reported", "batch-norm backward of a float16 input with float32 "
+                          "weights (CUDA autocast's form) raises E_INVALIDARG",
+                          {"native_batch_norm_backward": native_batch_norm_backward}),
+    "rsub_number": ("not reported", "number - tensor (rsub with a float number) raises "
+                    "'does not support Double'", {"rsub.Tensor": rsub_tensor,
+                                                   "rsub.Scalar": rsub_tensor}),
+    "gather_scatter_dims": ("not reported", "gather with a negative dim gives wrong values; "
+                            "scatter with one raises the partial-update error",
+                            {"gather": gather, **{f"scatter{i}.{o}": (scatter_ if i else scatter)
+                                                  for i in ("", "_") for o in
+                                                  ("src", "value", "reduce", "value_reduce")}}),
+    "scatter_add": ("software adapter", "scatter_add raises (E_INVALIDARG, or the partial-"
+                    "update error)", {"scatter_add": scatter_add, "scatter_add_": scatter_add_}),
 }
 
 # guard name -> the dispatch key its kernels are registered for: input fixes above autograd
@@ -596,5 +766,6 @@ KERNEL_GUARDS = {
 KERNEL_KEYS: Dict[str, str] = {
     name: AUTOGRAD_KEY for name in ("mul_bool", "nll_none", "nll_ignore", "masked_fill_uint8",
                                     "reflect_pad", "max_pool_indices", "unique_counts",
-                                    "layer_norm_nobias", "flip_dims")}
+                                    "layer_norm_nobias", "flip_dims", "bn_mixed_backward",
+                                    "scatter_add", "gather_scatter_dims", "rsub_number")}
 KERNEL_KEYS.update({name: "PrivateUse1" for name in ("eye", "bilinear", "logsumexp")})
