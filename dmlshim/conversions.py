@@ -149,7 +149,9 @@ class Rewriters:
         #:   else None;
         #: * ``"Storage.cuda"``: ``(storage, target device) -> storage``: the storage put there;
         #: * ``"Tensor.share_memory_"``: ``tensor -> bool``: True when its memory cannot be
-        #:   shared (the call is then a no-op returning the tensor, as for a CUDA tensor).
+        #:   shared (the call is then a no-op returning the tensor, as for a CUDA tensor);
+        #: * ``"Tensor.to non_blocking"``: ``tensor -> bool``: True when a ``non_blocking=True``
+        #:   copy out of that tensor must block (asked only of calls that pass it).
         self.policies: Dict[str, Callable[..., Any]] = {}
 
     def add_dtype_rule(self, rule: DtypeRule) -> Callable[[], None]:

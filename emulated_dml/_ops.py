@@ -31,6 +31,10 @@ can be tested against them:
   partial-update error (the wheel compares the unwrapped dim with the index's dims).
 * ``rsub-float-number``: ``1.0 - x`` (rsub with a float number, which arrives as a CPU
   float64 wrapped scalar) raises the float64 message; an int number or a tensor works.
+* ``split-empty``: ``split``/``chunk`` of an empty tensor raises ``Unknown error -2147024809``.
+* ``non-blocking-to-host``: ``x.to("cpu", non_blocking=True)`` of a device tensor returns before
+  the copy is done: the host tensor reads as garbage (modelled: NaN, or -1 for integers; the
+  wheel's late write then corrupts the heap, which is not modelled).
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
 
@@ -95,7 +99,11 @@ def _to_copy(func, plan, args, kwargs):
             check_float64(dtype)
         check_memory_format(kwargs.get("memory_format"))
         return wrap(func(elem, **kwargs), index)
-    return func(elem, device=device, **kwargs)
+    out = func(elem, device=device, **kwargs)
+    if kwargs.get("non_blocking") and state.non_blocking_to_host:
+        # the wheel hands the host tensor back before its copy is done
+        out = out.fill_(float("nan") if out.is_floating_point() or out.is_complex() else -1)
+    return out
 
 
 def _convolution_overrideable(func, plan, args, kwargs):
@@ -345,6 +353,15 @@ def _scatter_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+SPLIT_EMPTY_MESSAGE = "Unknown error -2147024809"  # E_INVALIDARG
+
+
+def _split_gap(func, plan, args, kwargs):
+    if args[0].numel() == 0:
+        raise RuntimeError(SPLIT_EMPTY_MESSAGE)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
 def _rsub_gap(func, plan, args, kwargs):
     # rsub(self, other, alpha): a float number (or its float64 wrapped scalar) is refused
     other = args[1] if len(args) > 1 else kwargs["other"]
@@ -508,6 +525,8 @@ BUGS.update({
     "aten::_unique2.out": ("unique_counts", _unique_gap),
     "aten::flip": ("flip_negative_dims", _flip_gap),
     "aten::flip.out": ("flip_negative_dims", _flip_gap),
+    "aten::split.Tensor": ("split_empty", _split_gap),
+    "aten::split_with_sizes": ("split_empty", _split_gap),
     "aten::rsub.Tensor": ("rsub_float_number", _rsub_gap),
     "aten::rsub.Scalar": ("rsub_float_number", _rsub_gap),
     "aten::gather": ("gather_scatter_negative_dim", _gather_gap),

@@ -19,7 +19,8 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "layer-norm-nobias", "storage", "inference-mode", "bfloat16", "maxpool-flat-indices",
         "out-resize", "resize", "unique-counts", "scatter-partial",
         "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
-        "gather-scatter-negative-dim", "rsub-float-number")
+        "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
+        "non-blocking-to-host")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -71,6 +72,8 @@ class _State:
     bn_mixed_backward: bool = True
     gather_scatter_negative_dim: bool = True
     rsub_float_number: bool = True
+    split_empty: bool = True
+    non_blocking_to_host: bool = True
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False
     bug_scatter_add: bool = False

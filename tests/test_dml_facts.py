@@ -257,6 +257,17 @@ def rsub_number():
             "int_tensor": enc(1.5 - torch.tensor([1, 2]).to(dev)),
             "alpha": enc(torch.rsub(xi.detach(), 3.0, alpha=2)), "int_number": enc(1 - xi.detach())}
 case("rsub_number", rsub_number)
+# a non-blocking copy to the host (GradScaler.update); split/chunk of an empty tensor
+case("to_host_non_blocking", lambda: {
+    "float": enc(torch.arange(6.0).to(dev).to("cpu", non_blocking=True)),
+    "int": enc(torch.arange(3).to(dev).to(device="cpu", non_blocking=True))})
+def split_empty():
+    xi = leaf(torch.zeros(0, 8, 4))
+    parts = xi.chunk(4, -1)
+    sum(p.sum() for p in parts).backward()
+    return {"chunk": [enc(p) for p in parts], "grad": enc(xi.grad),
+            "split": [enc(p) for p in xi.detach().split([1, 3], -1)]}
+case("split_empty", split_empty)
 
 # seen on the software adapter (opt-in bug switches in the emulator): every guard is right
 # with and without them; loss and gradient against the CPU
@@ -403,7 +414,7 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "unique_inverse", "flip_negative",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
              "scatter_based", "scatter_add", "gather_scatter_negative",
-             "gather_negative_forward", "rsub_number"]
+             "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
@@ -492,6 +503,8 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     # a negative dim: gather is wrong, scatter (and gather's backward, a scatter_add) raise
     assert "partially modified dimensions" in wheel["gather_scatter_negative"]["error"]
     assert not close(wheel["gather_negative_forward"], cpu["gather_negative_forward"])
+    assert wheel["split_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
+    assert not close(wheel["to_host_non_blocking"], cpu["to_host_non_blocking"])
     assert wheel["rsub_number"] == {
         "error": "RuntimeError: The GPU device does not support Double (Float64) operations!"}
     # the batch-norm backward refuses a float16 input with float32 weights
@@ -508,7 +521,8 @@ def test_guard_counters(runs):
     assert notes["guard.reflect_pad"] == 1 and notes["guard.layer_norm_nobias"] == 3
     # (scatter_add: two calls, and the backward of a gather)
     assert notes["guard.bn_mixed_backward"] == 1 and notes["guard.scatter_add"] == 4
-    assert notes["guard.rsub_number"] == 4
+    assert notes["guard.rsub_number"] == 4 and notes["guard.split_empty"] == 2
+    assert notes["guard.non_blocking_to_host"] == 2
 
 
 @pytest.mark.parametrize("run", ["shim", "wheel"])

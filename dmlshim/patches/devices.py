@@ -131,6 +131,12 @@ def _device_kwarg(rw: conversions.Rewriters, api: str, position: Optional[int] =
                     if hit:
                         return rw.call_factory(name, wrapped, args, kwargs, moved)
             elif kind is TENSOR_TO:
+                if kwargs.get("non_blocking"):
+                    # the guards' policy: a non-blocking copy out of a DirectML tensor
+                    # comes back unfinished (see dmlshim.patches.guards)
+                    blocking = rw.policies.get("Tensor.to non_blocking")
+                    if blocking is not None and blocking(instance):
+                        kwargs["non_blocking"] = False
                 if rules or rw.memory_format_rule is not None:
                     hit = instance.dtype in rules or kwargs.get("dtype") in rules \
                         or kwargs.get("memory_format") is not None

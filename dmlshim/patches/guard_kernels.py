@@ -578,6 +578,42 @@ def rsub_tensor(self: Tensor, other, alpha=1) -> Tensor:
         return _RSUB(self, other, alpha=alpha)
 
 
+# -- split / chunk of an empty tensor: E_INVALIDARG ----------------------------------------------
+# (YOLOv8's assigner: ``box.chunk(4, -1)`` of a batch without targets). Above autograd: an
+# empty tensor is cut with narrow (views, as split's; autograd records them), any other goes
+# to the wheel's own split.
+
+_SPLIT = torch._C.TensorBase.split
+_SPLIT_WITH_SIZES = torch._C.TensorBase.split_with_sizes
+_NARROW = torch._C.TensorBase.narrow
+
+
+def _empty_split(self: Tensor, sizes: Sequence[int], dim: int) -> List[Tensor]:
+    events.note("guard.split_empty")
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(_NARROW(self, dim, start, size))
+        start += size
+    return parts
+
+
+def split_tensor(self: Tensor, split_size, dim: int = 0) -> List[Tensor]:
+    if self.numel() == 0:
+        dim = _wrap_dim(dim, self.dim())
+        n, step = self.shape[dim], int(split_size)
+        sizes = [min(step, n - s) for s in range(0, n, step)] if step > 0 and n else [n]
+        return _empty_split(self, sizes, dim)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _SPLIT(self, split_size, dim)
+
+
+def split_with_sizes(self: Tensor, split_sizes: Sequence[int], dim: int = 0) -> List[Tensor]:
+    if self.numel() == 0 and sum(split_sizes) == self.shape[_wrap_dim(dim, self.dim())]:
+        return _empty_split(self, split_sizes, _wrap_dim(dim, self.dim()))
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _SPLIT_WITH_SIZES(self, split_sizes, dim)
+
+
 # -- gather and scatter with a negative dim: wrong values (gather) or the partial-update error --
 # (scatter, scatter_add: the wheel compares the unwrapped dim with the index's dims). Above
 # autograd: the dim made non-negative, then the wheel's own kernel (gather's backward is a
@@ -752,6 +788,8 @@ KERNEL_GUARDS = {
     "rsub_number": ("not reported", "number - tensor (rsub with a float number) raises "
                     "'does not support Double'", {"rsub.Tensor": rsub_tensor,
                                                    "rsub.Scalar": rsub_tensor}),
+    "split_empty": ("not reported", "split/chunk of an empty tensor raises E_INVALIDARG",
+                    {"split.Tensor": split_tensor, "split_with_sizes": split_with_sizes}),
     "gather_scatter_dims": ("not reported", "gather with a negative dim gives wrong values; "
                             "scatter with one raises the partial-update error",
                             {"gather": gather, **{f"scatter{i}.{o}": (scatter_ if i else scatter)
@@ -767,5 +805,6 @@ KERNEL_KEYS: Dict[str, str] = {
     name: AUTOGRAD_KEY for name in ("mul_bool", "nll_none", "nll_ignore", "masked_fill_uint8",
                                     "reflect_pad", "max_pool_indices", "unique_counts",
                                     "layer_norm_nobias", "flip_dims", "bn_mixed_backward",
-                                    "scatter_add", "gather_scatter_dims", "rsub_number")}
+                                    "scatter_add", "gather_scatter_dims", "rsub_number",
+                                    "split_empty")}
 KERNEL_KEYS.update({name: "PrivateUse1" for name in ("eye", "bilinear", "logsumexp")})

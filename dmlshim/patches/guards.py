@@ -11,6 +11,12 @@ negative ``flip`` dims), ``PrivateUse1`` for those that replace it (``torch.eye`
 bilinear interpolation; ``logsumexp``). Uninstall destroys the registrations, which brings the
 wheel's own kernels back.
 
+One guard is a policy of ``Tensor.to`` (dmlshim.patches.devices owns the entry point):
+``x.to("cpu", non_blocking=True)`` of a DirectML tensor returns before the copy is done (the
+host tensor reads as garbage, and the late write corrupts the heap: ``malloc(): unaligned
+tcache chunk detected``, as GradScaler.update does it every step), so a non-blocking copy out
+of a device tensor blocks (for a copy between device tensors blocking changes nothing).
+
 One guard stays a Python wrapper and runs only on the emulator's opt-in ``bug-bn-stats`` switch:
 BatchNorm running statistics not updated in training (#362) does not reproduce on 0.2.5, so
 on real DirectML the guard would only cost time. ``torch.nn.functional.batch_norm`` normalizes
@@ -27,7 +33,7 @@ from typing import Any, Dict, Tuple
 import torch
 import torch.nn.functional as F
 
-from dmlshim import events
+from dmlshim import conversions, events
 from dmlshim.patches.guard_kernels import KERNEL_GUARDS, KERNEL_KEYS
 from dmlshim.patching import Owns, Patch
 
@@ -35,6 +41,7 @@ log = logging.getLogger("dmlshim")
 
 # guard name -> issues; every kernel guard applies wherever the target is DirectML.
 GUARDS: Dict[str, str] = {name: issues for name, (issues, _, _) in KERNEL_GUARDS.items()}
+GUARDS["non_blocking_to_host"] = "not reported"
 GUARDS["bn_stats"] = "microsoft/DirectML#362"
 
 _BN_PARAMS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
@@ -69,6 +76,16 @@ class GuardsPatch(Patch):
                    for op, fn in KERNEL_GUARDS[name][2].items()]
         if kernels:
             self._register(kernels)
+        if "non_blocking_to_host" in active:
+            device_type = caps.device_type
+
+            def blocking(tensor: torch.Tensor) -> bool:
+                if tensor.device.type != device_type:
+                    return False
+                events.note("guard.non_blocking_to_host")
+                return True
+
+            self.on_undo(conversions.add_policy("Tensor.to non_blocking", blocking))
         if "bn_stats" in active:
             self.wrap(F, "batch_norm", _bn_guard(caps.device_type))
 
