@@ -26,7 +26,8 @@ EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-
                  "maxpool-flat-indices", "out-resize", "resize", "unique-counts",
                  "scatter-partial", "masked-fill-mode", "out-unsafe", "flip-negative-dims",
                  "bn-mixed-backward", "gather-scatter-negative-dim",
-                 "rsub-float-number", "split-empty", "non-blocking-to-host")
+                 "rsub-float-number", "split-empty", "non-blocking-to-host",
+                 "sub-empty")
 EMULATOR_BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none",
                  "bug-bilinear")
 # The old names of nll-none-backward and mul-bool (opt-in bugs once): still accepted, not listed

@@ -35,6 +35,9 @@ can be tested against them:
 * ``non-blocking-to-host``: ``x.to("cpu", non_blocking=True)`` of a device tensor returns before
   the copy is done: the host tensor reads as garbage (modelled: NaN, or -1 for integers; the
   wheel's late write then corrupts the heap, which is not modelled).
+* ``sub-empty``: ``a - b`` with an empty operand gives every dim size 0 ((0, 1) - (0, 1) is
+  (0, 0)); the wheel's in-place binary kernels (add_, mul_, sub_) give an empty tensor that
+  shape too (not modelled).
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
 
@@ -362,6 +365,14 @@ def _split_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+def _sub_empty_gap(func, plan, args, kwargs):
+    out = run_on_cpu(func, plan, args, kwargs)
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if out.numel() == 0 or (isinstance(other, torch.Tensor) and other.numel() == 0):
+        return wrap(torch.empty([0] * out.dim(), dtype=out.dtype), out._index)
+    return out
+
+
 def _rsub_gap(func, plan, args, kwargs):
     # rsub(self, other, alpha): a float number (or its float64 wrapped scalar) is refused
     other = args[1] if len(args) > 1 else kwargs["other"]
@@ -525,6 +536,7 @@ BUGS.update({
     "aten::_unique2.out": ("unique_counts", _unique_gap),
     "aten::flip": ("flip_negative_dims", _flip_gap),
     "aten::flip.out": ("flip_negative_dims", _flip_gap),
+    "aten::sub.Tensor": ("sub_empty", _sub_empty_gap),
     "aten::split.Tensor": ("split_empty", _split_gap),
     "aten::split_with_sizes": ("split_empty", _split_gap),
     "aten::rsub.Tensor": ("rsub_float_number", _rsub_gap),

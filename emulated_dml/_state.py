@@ -20,7 +20,7 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "out-resize", "resize", "unique-counts", "scatter-partial",
         "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
         "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
-        "non-blocking-to-host")
+        "non-blocking-to-host", "sub-empty")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -74,6 +74,7 @@ class _State:
     rsub_float_number: bool = True
     split_empty: bool = True
     non_blocking_to_host: bool = True
+    sub_empty: bool = True
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False
     bug_scatter_add: bool = False

@@ -268,6 +268,15 @@ def split_empty():
     return {"chunk": [enc(p) for p in parts], "grad": enc(xi.grad),
             "split": [enc(p) for p in xi.detach().split([1, 3], -1)]}
 case("split_empty", split_empty)
+def sub_empty():
+    xi, yi = leaf(torch.zeros(0, 1)), leaf(torch.zeros(0, 1))
+    z = xi - yi
+    z.sum().backward()
+    inplace = torch.zeros(0, 1).to(dev)
+    inplace.sub_(torch.ones(0, 1).to(dev))
+    return {"sub": enc(z), "grad": enc(yi.grad), "broadcast": enc(xi.detach() - torch.ones(1, 3).to(dev)),
+            "in_place": enc(inplace), "values": enc(torch.arange(3.0).to(dev) - torch.ones(3).to(dev))}
+case("sub_empty", sub_empty)
 
 # seen on the software adapter (opt-in bug switches in the emulator): every guard is right
 # with and without them; loss and gradient against the CPU
@@ -414,7 +423,8 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "unique_inverse", "flip_negative",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
              "scatter_based", "scatter_add", "gather_scatter_negative",
-             "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty"]
+             "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty",
+             "sub_empty"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
@@ -503,6 +513,7 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     # a negative dim: gather is wrong, scatter (and gather's backward, a scatter_add) raise
     assert "partially modified dimensions" in wheel["gather_scatter_negative"]["error"]
     assert not close(wheel["gather_negative_forward"], cpu["gather_negative_forward"])
+    assert wheel["sub_empty"]["sub"]["shape"] == [0, 0]
     assert wheel["split_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
     assert not close(wheel["to_host_non_blocking"], cpu["to_host_non_blocking"])
     assert wheel["rsub_number"] == {
@@ -522,7 +533,7 @@ def test_guard_counters(runs):
     # (scatter_add: two calls, and the backward of a gather)
     assert notes["guard.bn_mixed_backward"] == 1 and notes["guard.scatter_add"] == 4
     assert notes["guard.rsub_number"] == 4 and notes["guard.split_empty"] == 2
-    assert notes["guard.non_blocking_to_host"] == 2
+    assert notes["guard.non_blocking_to_host"] == 2 and notes["guard.sub_empty"] == 3
 
 
 @pytest.mark.parametrize("run", ["shim", "wheel"])

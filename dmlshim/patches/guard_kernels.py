@@ -578,6 +578,42 @@ def rsub_tensor(self: Tensor, other, alpha=1) -> Tensor:
         return _RSUB(self, other, alpha=alpha)
 
 
+# -- sub of empty tensors: the wrong shape ----------------------------------------------------
+# (0, 1) - (0, 1) gives (0, 0) on the wheel, in place too, and so does add with an alpha
+# (YOLOv8's CIoU on a batch without matches: the indexing after it then fails). Above autograd:
+# with an empty operand, self + (-alpha * other) through neg/mul and add without alpha (the
+# same numbers; those keep the shape); any other call goes to the wheel's own sub.
+
+_SUB = torch._C._VariableFunctions.sub
+_SUB_ = torch._C.TensorBase.sub_
+
+
+def _negated(other, alpha):
+    if type(other) is not Tensor:
+        return -alpha * other
+    return _NEG(other) if alpha == 1 else _MUL(other, -alpha)
+
+
+def sub_tensor(self: Tensor, other, alpha=1) -> Tensor:
+    if (self.numel() == 0 or (type(other) is Tensor and other.numel() == 0)) \
+            and self.dtype is not _BOOL:
+        events.note("guard.sub_empty")
+        with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+            return _ADD(self, _negated(other, alpha))
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _SUB(self, other, alpha=alpha)
+
+
+def sub__tensor(self: Tensor, other, alpha=1) -> Tensor:
+    # in place, the wheel's binary kernels (add_, mul_, sub_) all give an empty self the shape
+    # (0, 0): an empty self has nothing to compute, and stays as it is
+    if self.numel() == 0 and self.dtype is not _BOOL:
+        events.note("guard.sub_empty")
+        return self
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _SUB_(self, other, alpha=alpha)
+
+
 # -- split / chunk of an empty tensor: E_INVALIDARG ----------------------------------------------
 # (YOLOv8's assigner: ``box.chunk(4, -1)`` of a batch without targets). Above autograd: an
 # empty tensor is cut with narrow (views, as split's; autograd records them), any other goes
@@ -788,6 +824,8 @@ KERNEL_GUARDS = {
     "rsub_number": ("not reported", "number - tensor (rsub with a float number) raises "
                     "'does not support Double'", {"rsub.Tensor": rsub_tensor,
                                                    "rsub.Scalar": rsub_tensor}),
+    "sub_empty": ("not reported", "sub of empty tensors gives the wrong shape ((0, 1) - (0, 1) "
+                  "is (0, 0))", {"sub.Tensor": sub_tensor, "sub_.Tensor": sub__tensor}),
     "split_empty": ("not reported", "split/chunk of an empty tensor raises E_INVALIDARG",
                     {"split.Tensor": split_tensor, "split_with_sizes": split_with_sizes}),
     "gather_scatter_dims": ("not reported", "gather with a negative dim gives wrong values; "
@@ -806,5 +844,5 @@ KERNEL_KEYS: Dict[str, str] = {
                                     "reflect_pad", "max_pool_indices", "unique_counts",
                                     "layer_norm_nobias", "flip_dims", "bn_mixed_backward",
                                     "scatter_add", "gather_scatter_dims", "rsub_number",
-                                    "split_empty")}
+                                    "split_empty", "sub_empty")}
 KERNEL_KEYS.update({name: "PrivateUse1" for name in ("eye", "bilinear", "logsumexp")})
