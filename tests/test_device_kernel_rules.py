@@ -35,6 +35,7 @@ def emu(shim):
     shim(device="emulated-dml")
     import emulated_dml
 
+    emulated_dml.reset_fallback_counts()  # (counts of an earlier test in this process)
     return emulated_dml
 
 
