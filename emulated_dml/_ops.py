@@ -38,6 +38,7 @@ can be tested against them:
 * ``sub-empty``: ``a - b`` with an empty operand gives every dim size 0 ((0, 1) - (0, 1) is
   (0, 0)); the wheel's in-place binary kernels (add_, mul_, sub_) give an empty tensor that
   shape too (not modelled).
+* ``gather-empty``: ``gather`` with an empty index raises ``Unknown error -2147024809``.
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
 
@@ -386,8 +387,10 @@ def _gather_gap(func, plan, args, kwargs):
     # gather(self, dim, index[, sparse_grad]) with a negative dim: a wrong result of the right
     # shape (the wheel's values are not modelled; any wrong result shows a missing guard)
     dim = args[1] if len(args) > 1 else kwargs["dim"]
-    if dim < 0:
-        index = args[2] if len(args) > 2 else kwargs["index"]
+    index = args[2] if len(args) > 2 else kwargs["index"]
+    if state.gather_empty and index.numel() == 0:
+        raise RuntimeError(SPLIT_EMPTY_MESSAGE)  # E_INVALIDARG
+    if dim < 0 and state.gather_scatter_negative_dim:
         flipped = wrap(index._elem.flip([index.dim() - 1]), index._index)
         if len(args) > 2:
             args = tuple(args[:2]) + (flipped,) + tuple(args[3:])
@@ -541,8 +544,8 @@ BUGS.update({
     "aten::split_with_sizes": ("split_empty", _split_gap),
     "aten::rsub.Tensor": ("rsub_float_number", _rsub_gap),
     "aten::rsub.Scalar": ("rsub_float_number", _rsub_gap),
-    "aten::gather": ("gather_scatter_negative_dim", _gather_gap),
-    "aten::gather.out": ("gather_scatter_negative_dim", _gather_gap),
+    "aten::gather": ("gather_any", _gather_gap),
+    "aten::gather.out": ("gather_any", _gather_gap),
     "aten::native_batch_norm_backward": ("bn_mixed_backward", _bn_mixed_backward_gap),
     "aten::native_batch_norm_backward.out": ("bn_mixed_backward", _bn_mixed_backward_gap),
     "aten::_native_batch_norm_legit": ("bug_bn_stats", _bn_stats_bug),

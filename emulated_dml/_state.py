@@ -20,7 +20,7 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "out-resize", "resize", "unique-counts", "scatter-partial",
         "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
         "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
-        "non-blocking-to-host", "sub-empty")
+        "non-blocking-to-host", "sub-empty", "gather-empty")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -75,6 +75,7 @@ class _State:
     split_empty: bool = True
     non_blocking_to_host: bool = True
     sub_empty: bool = True
+    gather_empty: bool = True
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False
     bug_scatter_add: bool = False
@@ -83,6 +84,7 @@ class _State:
     # derived: one handler models both wrong nll backwards (see _ops._nll_backward_gap)
     nll_backward_any: bool = True
     scatter_any: bool = True
+    gather_any: bool = True
     nll_forward_any: bool = False
     current_index: int = 0
     devices: tuple = (torch.device("privateuseone", 0),)
@@ -114,6 +116,7 @@ def apply_switches(names: frozenset) -> None:
     for name in GAPS[4:] + BUGS:  # the hot-path flag of "mul-bool" is state.mul_bool
         setattr(state, name.replace("-", "_"), name in names)
     state.nll_backward_any = state.nll_none_backward or state.bug_nll_ignore
+    state.gather_any = state.gather_scatter_negative_dim or state.gather_empty
     state.scatter_any = state.scatter_partial or state.bug_scatter_add \
         or state.gather_scatter_negative_dim
     state.nll_forward_any = state.bug_nll_ignore or state.bug_ce_2d_none

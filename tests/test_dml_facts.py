@@ -277,6 +277,12 @@ def sub_empty():
     return {"sub": enc(z), "grad": enc(yi.grad), "broadcast": enc(xi.detach() - torch.ones(1, 3).to(dev)),
             "in_place": enc(inplace), "values": enc(torch.arange(3.0).to(dev) - torch.ones(3).to(dev))}
 case("sub_empty", sub_empty)
+def gather_empty():
+    xi = leaf(torch.randn(3, 16))
+    y = torch.log_softmax(xi, 1).gather(1, torch.zeros(3, 0, dtype=torch.long).to(dev))
+    (y.sum() + xi.sum()).backward()
+    return {"out": enc(y), "grad": enc(xi.grad)}
+case("gather_empty", gather_empty)
 
 # seen on the software adapter (opt-in bug switches in the emulator): every guard is right
 # with and without them; loss and gradient against the CPU
@@ -424,7 +430,7 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
              "scatter_based", "scatter_add", "gather_scatter_negative",
              "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty",
-             "sub_empty"]
+             "sub_empty", "gather_empty"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
@@ -514,6 +520,7 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     assert "partially modified dimensions" in wheel["gather_scatter_negative"]["error"]
     assert not close(wheel["gather_negative_forward"], cpu["gather_negative_forward"])
     assert wheel["sub_empty"]["sub"]["shape"] == [0, 0]
+    assert wheel["gather_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
     assert wheel["split_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
     assert not close(wheel["to_host_non_blocking"], cpu["to_host_non_blocking"])
     assert wheel["rsub_number"] == {

@@ -660,9 +660,18 @@ _SCATTER = torch._C._VariableFunctions.scatter
 _SCATTER_ = torch._C.TensorBase.scatter_
 
 
+_RESHAPE = torch._C.TensorBase.reshape
+
+
 def gather(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
     if dim < 0:
         dim = _wrap_dim(dim, self.dim())
+    if index.numel() == 0 and self.dim() == index.dim():
+        # the wheel raises E_INVALIDARG on an empty index (YOLOv8's DFL loss on a batch
+        # without matches): the empty result as a view of self, so autograd gives self a
+        # zero gradient as gather's would
+        events.note("guard.gather_empty")
+        return _RESHAPE(_NARROW(_RESHAPE(self, [-1]), 0, 0, 0), list(index.shape))
     with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
         return _GATHER(self, dim, index, sparse_grad=sparse_grad)
 
