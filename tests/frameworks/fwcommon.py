@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
+import helpers
 import pytest
 from helpers import (
     clean_env,
@@ -121,8 +122,11 @@ def users_path(name: str, *args: str, cwd: Path, adapters: int = 1,
     """``python -m dmlshim script args`` with default options (``auto``) inside the WSL harness
     with ``adapters`` adapters (helpers.on_users_path): the path a user with DirectML takes."""
     extra = {**option_env(options), **(env or {})}
+    # the real-wheel lane computes on a software adapter (lavapipe) and compiles each shader
+    # the first time: YOLOv8's run takes ~7 minutes there
+    timeout = TIMEOUT if helpers.REAL_D3D12 is None else 3 * TIMEOUT
     return run_shim(script(name), *args, device=None, env=fw_env(**extra), cwd=cwd,
-                    timeout=TIMEOUT, wsl=users_lane(adapters))
+                    timeout=timeout, wsl=users_lane(adapters))
 
 
 def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,

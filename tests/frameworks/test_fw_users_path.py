@@ -107,8 +107,13 @@ def test_accelerate_launch_two_processes_on_two_adapters(tmp_path):
     assert printed(proc, "procs") == "2", describe(proc)
     assert_cuda_device(proc)
     # DDP's gradient all-reduce staged through gloo sums the same numbers as the CPU ranks'
-    assert_equal_losses(proc, ref)
-    assert printed_hex(proc, "params") == printed_hex(ref, "params")
+    # (on the real wheel, the adapter's float32 rounding: within REAL_REL)
+    if REAL_D3D12 is None:
+        assert_equal_losses(proc, ref)
+        assert printed_hex(proc, "params") == printed_hex(ref, "params")
+    else:
+        assert_close_losses(proc, ref, **REL)
+        assert printed_hex(proc, "params") == pytest.approx(printed_hex(ref, "params"), **REL)
     no_alarm(proc)
 
 
