@@ -676,25 +676,19 @@ def gather(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) 
         return _GATHER(self, dim, index, sparse_grad=sparse_grad)
 
 
-def scatter(self: Tensor, dim: int, index: Tensor, src, *, reduce: Optional[str] = None
-            ) -> Tensor:
-    # scatter.src, .value, .reduce, .value_reduce (src a tensor or a number)
+def _scatter(self: Tensor, dim: int, index: Tensor, src, *, reduce: Optional[str] = None,
+             op) -> Tensor:
+    # scatter(_).src, .value, .reduce, .value_reduce (src a tensor or a number)
     if dim < 0:
         dim = _wrap_dim(dim, self.dim())
     with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
         if reduce is None:
-            return _SCATTER(self, dim, index, src)
-        return _SCATTER(self, dim, index, src, reduce=reduce)
+            return op(self, dim, index, src)
+        return op(self, dim, index, src, reduce=reduce)
 
 
-def scatter_(self: Tensor, dim: int, index: Tensor, src, *, reduce: Optional[str] = None
-             ) -> Tensor:
-    if dim < 0:
-        dim = _wrap_dim(dim, self.dim())
-    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
-        if reduce is None:
-            return _SCATTER_(self, dim, index, src)
-        return _SCATTER_(self, dim, index, src, reduce=reduce)
+scatter = functools.partial(_scatter, op=_SCATTER)
+scatter_ = functools.partial(_scatter, op=_SCATTER_)
 
 
 # -- batch norm backward with a float16 input and float32 weights: E_INVALIDARG ---------------
@@ -774,20 +768,17 @@ def _scatter_add_args(self: Tensor, dim: int, index: Tensor, src: Tensor):
     return indices, src
 
 
-def scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+def _scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor, *, ops) -> Tensor:
     fixed = _scatter_add_args(self, dim, index, src)
+    wheels, index_put = ops  # (scatter_add, index_put) or their in-place forms
     with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
         if fixed is None:
-            return _SCATTER_ADD(self, dim, index, src)
-        return _INDEX_PUT(self, fixed[0], fixed[1], True)
+            return wheels(self, dim, index, src)
+        return index_put(self, fixed[0], fixed[1], True)
 
 
-def scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
-    fixed = _scatter_add_args(self, dim, index, src)
-    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
-        if fixed is None:
-            return _SCATTER_ADD_(self, dim, index, src)
-        return _INDEX_PUT_(self, fixed[0], fixed[1], True)
+scatter_add = functools.partial(_scatter_add, ops=(_SCATTER_ADD, _INDEX_PUT))
+scatter_add_ = functools.partial(_scatter_add, ops=(_SCATTER_ADD_, _INDEX_PUT_))
 
 
 # guard name -> (issues, what it fixes, {aten overload: kernel})
