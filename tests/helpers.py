@@ -15,6 +15,7 @@ import ast
 import functools
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -161,10 +162,24 @@ def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
         cmd = on_real_wheel(cmd, int(wsl.partition(":")[2] or 1))
     elif wsl:
         cmd = on_users_path(cmd, adapters=int(wsl))
-    return subprocess.run(
-        list(cmd), env=dict(env), cwd=str(cwd) if cwd is not None else neutral_cwd(),
-        capture_output=True, text=True, timeout=timeout, check=False, **kw,
-    )
+    cwd_s = str(cwd) if cwd is not None else neutral_cwd()
+    if not wsl:
+        return subprocess.run(list(cmd), env=dict(env), cwd=cwd_s, capture_output=True,
+                              text=True, timeout=timeout, check=False, **kw)
+    # in the WSL harness, a session of its own: on a timeout the whole tree goes (the harness's
+    # unshare and the command under it would live on after the harness, holding a core)
+    data = kw.pop("input", None)
+    with subprocess.Popen(list(cmd), env=dict(env), cwd=cwd_s,
+                          stdin=subprocess.PIPE if data is not None else None,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kw) as proc:
+        try:
+            out, err = proc.communicate(data, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 # How far losses on the real adapter may lie from a native CPU run's after a few steps: another
