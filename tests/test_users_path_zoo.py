@@ -35,6 +35,8 @@ from helpers import (
 ZOO = REPO / "benchmarks" / "zoo" / "train.py"
 STEPS = 3  # the warm-up step (its fallbacks printed by the script), then two counted steps
 TIMEOUT = 600.0  # a framework import and a few steps on the emulator, on a loaded CI machine
+if REAL_D3D12 is not None:  # lavapipe runs every kernel on the CPU (YOLOv8: ~8 minutes)
+    TIMEOUT *= 3
 # The list: ResNet-50 and ViT (timm), GPT-2 and BERT (transformers), UNet (diffusers),
 # an LSTM language model (torch) and YOLOv8n (ultralytics), all tiny configs, no download.
 MODELS = ["resnet50", "vit", "gpt2", "bert", "unet", "lstm_lm", "yolov8n"]
