@@ -265,11 +265,14 @@ def _step(model, x, y, device: str, part) -> Dict[str, Any]:
 
 
 def _shim_site(err: BaseException) -> str:
-    """The innermost dmlshim frame (not this module) of the traceback: a dmlshim kernel raised."""
-    site = ""
-    for frame in traceback.extract_tb(err.__traceback__):
-        site = _site(frame.filename, frame.lineno or 0, frame.name) or site
-    return site
+    """The innermost frame of the traceback when it is dmlshim's (not this module's): a dmlshim
+    kernel raised, or a C function it called did. A dmlshim frame further out only passed the
+    call on (a guard calling a kernel that raised in Python), and names nothing."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return _site(last.filename, last.lineno or 0, last.name)
 
 
 def _error_text(err: BaseException) -> str:

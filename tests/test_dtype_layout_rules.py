@@ -147,7 +147,8 @@ def test_the_cuda_like_paths_are_the_devices_patch_s_with_one_event_per_call(shi
                         (torch.Tensor, "share_memory_")):
         assert (id(owner), name) in devices._keys, name
     rewriters = api.session().rewriters
-    assert set(rewriters.policies) == {"Tensor.type", "Storage.cuda", "Tensor.share_memory_"}
+    assert set(rewriters.policies) == {"Tensor.type", "Storage.cuda", "Tensor.share_memory_",
+                                       "Tensor.to non_blocking"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         double = torch.arange(3, dtype=F64).type(torch.cuda.DoubleTensor)
