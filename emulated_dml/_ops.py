@@ -338,7 +338,8 @@ def _unique_gap(func, plan, args, kwargs):
 SCATTER_PARTIAL_MESSAGE = (
     "DirectML scatter doesn't allow partially modified dimensions. Please update the dimension "
     "so that the indices and input only differ in the provided dimension.")
-SCATTER_ADD_MESSAGE = "Unknown error -2147024809"  # E_INVALIDARG, on the software adapter
+# the wheel's E_INVALIDARG (scatter_add on the software adapter, split and gather of empties)
+INVALID_ARG_MESSAGE = "Unknown error -2147024809"
 
 
 def _scatter_gap(func, plan, args, kwargs):
@@ -353,16 +354,13 @@ def _scatter_gap(func, plan, args, kwargs):
         if any(index.shape[d] != self.shape[d] for d in range(self.dim()) if d != dim):
             raise RuntimeError(SCATTER_PARTIAL_MESSAGE)
     if state.bug_scatter_add and "scatter_add" in plan.name:
-        raise RuntimeError(SCATTER_ADD_MESSAGE)
+        raise RuntimeError(INVALID_ARG_MESSAGE)
     return run_on_cpu(func, plan, args, kwargs)
-
-
-SPLIT_EMPTY_MESSAGE = "Unknown error -2147024809"  # E_INVALIDARG
 
 
 def _split_gap(func, plan, args, kwargs):
     if args[0].numel() == 0:
-        raise RuntimeError(SPLIT_EMPTY_MESSAGE)
+        raise RuntimeError(INVALID_ARG_MESSAGE)
     return run_on_cpu(func, plan, args, kwargs)
 
 
@@ -389,7 +387,7 @@ def _gather_gap(func, plan, args, kwargs):
     dim = args[1] if len(args) > 1 else kwargs["dim"]
     index = args[2] if len(args) > 2 else kwargs["index"]
     if state.gather_empty and index.numel() == 0:
-        raise RuntimeError(SPLIT_EMPTY_MESSAGE)  # E_INVALIDARG
+        raise RuntimeError(INVALID_ARG_MESSAGE)
     if dim < 0 and state.gather_scatter_negative_dim:
         flipped = wrap(index._elem.flip([index.dim() - 1]), index._index)
         if len(args) > 2:

@@ -644,8 +644,10 @@ def split_tensor(self: Tensor, split_size, dim: int = 0) -> List[Tensor]:
 
 
 def split_with_sizes(self: Tensor, split_sizes: Sequence[int], dim: int = 0) -> List[Tensor]:
-    if self.numel() == 0 and sum(split_sizes) == self.shape[_wrap_dim(dim, self.dim())]:
-        return _empty_split(self, split_sizes, _wrap_dim(dim, self.dim()))
+    if self.numel() == 0:
+        dim = _wrap_dim(dim, self.dim())
+        if sum(split_sizes) == self.shape[dim]:
+            return _empty_split(self, split_sizes, dim)
     with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
         return _SPLIT_WITH_SIZES(self, split_sizes, dim)
 
