@@ -399,3 +399,30 @@ def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_proces
         proc = _python(args, env, cwd=tmp_path)
         assert proc.returncode == 0 and proc.stdout == "script\n", describe(proc)
         assert log.read_text().splitlines() == ["ran"], args
+
+
+def test_a_users_sitecustomize_runs_once_under_the_runner_and_its_console_script(tmp_path):
+    """``python -m dmlshim`` (and ``dmlshim``) is two interpreters where python is one: the
+    startup hook (dmlshim-startup.pth, installed with the package) keeps the runner's own from
+    running the user's sitecustomize, so it runs once, in the script's, as with python."""
+    import sysconfig
+
+    hook = Path(sysconfig.get_paths()["purelib"]) / "dmlshim-startup.pth"
+    assert hook.is_file(), f"{hook} is missing: install dmlshim (pip install -e .) to test it"
+    site = tmp_path / "site"
+    site.mkdir()
+    log = tmp_path / "ran.txt"
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nwith open({str(log)!r}, 'a') as f:\n    f.write(repr(sys.argv) + '\\n')\n")
+    (tmp_path / "script.py").write_text("import sitecustomize\nprint('script')\n")
+    env = clean_env(DMLSHIM_DEVICE="cpu", PYTHONPATH=str(site))
+    console = Path(sys.executable).with_name("dmlshim.exe" if os.name == "nt" else "dmlshim")
+    runs = {"python": [sys.executable, "script.py"],
+            "runner": [sys.executable, "-m", "dmlshim", "script.py"],
+            "console script": [str(console), "script.py"]}
+    for name, cmd in runs.items():
+        log.write_text("")
+        proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=TIMEOUT, check=False)
+        assert proc.returncode == 0 and proc.stdout == "script\n", (name, describe(proc))
+        assert log.read_text().splitlines() == ["['script.py']"], name

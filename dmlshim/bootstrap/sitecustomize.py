@@ -231,32 +231,24 @@ def _read_marker():
     return changed, not _disables(disabled)
 
 
-# the package this file belongs to (its name, from its folder), which ``-m`` runs as the runner
-_PACKAGE = os.path.basename(os.path.dirname(_HERE))
-_RUNNER_MODULES = (_PACKAGE, _PACKAGE + ".__main__")
+def _is_runner():
+    """Whether this interpreter is dmlshim's runner (_dmlshim_startup.py says, which lies next
+    to the dmlshim package and which dmlshim-startup.pth has usually imported already)."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv is not None and not any("dmlshim" in arg for arg in argv):
+        return False  # most children: nothing to load
+    startup = sys.modules.get("_dmlshim_startup")
+    if startup is None:
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import PathFinder
 
-
-def _is_runner(argv):
-    """Whether ``argv`` (``sys.orig_argv``) starts dmlshim's runner: ``python [options] -m
-    dmlshim``. Python's own options are read as python reads them."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--check-hash-based-pycs":
-            i += 2
-            continue
-        if not arg.startswith("-") or arg in ("-", "--") or arg.startswith("--"):
-            return False  # a script, stdin, or an option python reports
-        for j in range(1, len(arg)):
-            c = arg[j]
-            if c in "cm":
-                module = arg[j + 1:] or (argv[i + 1] if i + 1 < len(argv) else "")
-                return c == "m" and module in _RUNNER_MODULES
-            if c in "WX":
-                i += 0 if arg[j + 1:] else 1  # the value: the rest, or the next argument
-                break
-        i += 1
-    return False
+        spec = PathFinder.find_spec("_dmlshim_startup", [os.path.dirname(os.path.dirname(_HERE))])
+        if spec is None or spec.loader is None:
+            return False
+        startup = module_from_spec(spec)
+        spec.loader.exec_module(startup)
+        sys.modules["_dmlshim_startup"] = startup
+    return startup.is_runner(startup.command_line())
 
 
 def _start(on):
@@ -271,7 +263,7 @@ def _start(on):
         sys.path_importer_cache.pop(_HERE, None)
     # The runner replaces itself with the interpreter that runs the script, whose bootstrap
     # runs the shadowed sitecustomize: once per script, as with plain python, not here too.
-    if not _is_runner(getattr(sys, "orig_argv", ())):
+    if not _is_runner():
         _chain_shadowed_sitecustomize()
 
 

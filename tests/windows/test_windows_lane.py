@@ -119,6 +119,24 @@ def test_import_dmlshim_and_the_report(win, tmp_path):
     assert data["outcome"] is not None and data["process"], data
 
 
+def test_a_users_sitecustomize_runs_once_under_the_runner(win, tmp_path):
+    # the runner waits for a child interpreter here (no exec): the startup hook keeps its own
+    # interpreter from running the user's sitecustomize, which runs once, in the script's
+    site = tmp_path / "site"
+    site.mkdir()
+    log = tmp_path / "ran.txt"
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nwith open({win.path(log)!r}, 'a') as f:\n    f.write(repr(sys.argv) + '\\n')\n")
+    (tmp_path / "script.py").write_text("import sitecustomize\nprint('script')\n")
+    env = win.env(DMLSHIM_DEVICE="cpu")
+    env["PYTHONPATH"] = win.pathsep.join([env["PYTHONPATH"], win.path(site)])
+    for args in (["script.py"], ["-m", "dmlshim", "script.py"]):
+        log.write_text("")
+        proc = win.run(args, env, tmp_path, timeout=TORCH_TIMEOUT)
+        assert proc.returncode == 0 and proc.stdout.split() == ["script"], describe(proc)
+        assert log.read_text().splitlines() == ["['script.py']"], args
+
+
 # -- children on the CPU target --------------------------------------------------------------
 
 def test_every_kind_of_child_carries_the_shim(win, tmp_path):
