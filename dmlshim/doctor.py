@@ -267,11 +267,17 @@ def main(cfg: cfgmod.Config) -> int:
             out.problems.insert(0, _step_problem(step, tgt, cfg))
 
     out.section("options (value, where it came from)")
+    # each option by its flag's name (--emulator-gaps: emulator-gaps), in aligned columns
+    rows = []
     for opt in cfgmod.OPTIONS:
         value = cfg.values[opt.name]
         source = cfg.sources.get(opt.name, "default")
         where = {"env": opt.env, "cli": opt.flag, "install()": "install()"}.get(source, "default")
-        print(f"  {opt.name + ' ':<14}{(value if value != '' else '-'):<16}{where}")
+        rows.append((opt.flag[2:], value if value != "" else "-", where))
+    name_width = max(len(row[0]) for row in rows) + 2
+    value_width = max(16, max(len(row[1]) for row in rows) + 2)
+    for name, value, where in rows:
+        print(f"  {name:<{name_width}}{value:<{value_width}}{where}")
 
     for info in out.infos:
         print(f"info: {info}")

@@ -66,7 +66,13 @@ def test_cpu_setup_can_run(capsys):
     assert "auto picks:      cpu (" in out and "no DirectML" in out
     assert out.rstrip().splitlines()[-1].startswith("result: ok: CUDA scripts will run on cpu")
     rows = option_rows(out)
-    assert set(rows) == {o.name for o in config.OPTIONS}
+    # named as the flags are (--emulator-gaps: emulator-gaps), in aligned columns
+    assert set(rows) == {o.flag[2:] for o in config.OPTIONS}
+    section = out.split("options (value, where it came from)\n", 1)[1].splitlines()[:len(rows)]
+    for column in (1, 2):
+        starts = {len(line) - len(line.lstrip()) if column == 0 else
+                  line.index(line.split()[column], len(line.split()[0]) + 2) for line in section}
+        assert len(starts) == 1, (column, section)
     assert rows["device"] == ("cpu", "--device")  # from the command line
     assert rows["log"] == ("info", "DMLSHIM_LOG")  # from the environment
     assert rows["optimizer"] == ("rebind", "default")
