@@ -22,7 +22,8 @@ def test_each_kind_answers_for_itself():
     # the BatchNorm one (older releases) only behind its opt-in switch
     from dmlshim.patches.guard_kernels import KERNEL_GUARDS
 
-    policies = {"non_blocking_to_host"}  # a guard that is a policy of Tensor.to, not a kernel
+    # guards that are not kernels: a policy of Tensor.to, and autograd's view replay
+    policies = {"non_blocking_to_host", "view_replay"}
     assert set(dml.known_bugs()) == set(KERNEL_GUARDS) | policies
     assert set(emu.known_bugs()) == set(KERNEL_GUARDS) | policies
     assert not emu.has_float64(0)  # the emulator's float64 gap is on by default

@@ -210,6 +210,32 @@ def test_guards_install_only_their_kernels_and_uninstall(shim):
     assert F.batch_norm is batch_norm and _device_kernels() == set()
 
 
+@pytest.mark.emulator
+def test_view_replay_is_on_for_directml_only_and_uninstall_restores_it(shim):
+    # the wheel's views report storage offset 0, so autograd must replay view ops in the
+    # backward of a write into a view (tests/test_real_wheel.py shows the wheel's wrong
+    # gradients; the emulator's tensors, a Python subclass, always get view replay from torch)
+    replay = torch._C._is_view_replay_enabled
+    assert not replay()
+    shim(device="emulated-dml")
+    assert replay()
+    dmlshim.uninstall()
+    assert not replay()
+    shim(device="emulated-dml", guards="off")
+    assert not replay()
+    dmlshim.uninstall()
+    shim(device="cpu")
+    assert not replay()
+    dmlshim.uninstall()
+    torch._C._set_view_replay_enabled(True)  # the script's own setting is kept
+    try:
+        shim(device="emulated-dml")
+        dmlshim.uninstall()
+        assert replay()
+    finally:
+        torch._C._set_view_replay_enabled(False)
+
+
 LAYOUT = r"""
 import dmlshim, torch
 conv = torch.nn.Conv2d(3, 4, 3)

@@ -100,6 +100,25 @@ def test_op_battery_under_the_shim_is_no_worse_than_the_wheel():
         "mul_bool_mask", "pad_reflect", "flip_last"}, raw
 
 
+def test_writes_into_views_get_the_cpus_gradients_under_the_shim():
+    # the wheel's views report storage offset 0: the backward of a write into a view reads
+    # the gradient at element 0 (YOLOv8's loss[0..2], scaled in place: its gradients were all
+    # wrong); the shim turns autograd's view replay on (guard view_replay)
+    script = str(REPO / "tests" / "scripts" / "view_write_grads.py")
+
+    def cases(proc):
+        assert proc.returncode == 0, describe(proc)
+        return {line.split()[1]: line.split()[2] for line in proc.stdout.splitlines()
+                if line.startswith("case ")}
+
+    wheel = cases(run_wsl([sys.executable, script, "--device", "dml"]))
+    shim = cases(run_wsl([sys.executable, "-m", "dmlshim", script, "--device", "cuda"]))
+    assert set(wheel) == set(shim) == {"select_weighted", "two_selects", "yolo_gains",
+                                       "row_slice"}
+    assert all(v == "same" for v in shim.values()), shim
+    assert wheel["select_weighted"] == wheel["two_selects"] == "differs", wheel  # the fact
+
+
 def _zoo(model: str, tmp_path, **env: str):
     tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.json"

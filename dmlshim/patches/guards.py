@@ -17,6 +17,11 @@ host tensor reads as garbage, and the late write corrupts the heap: ``malloc(): 
 tcache chunk detected``, as GradScaler.update does it every step), so a non-blocking copy out
 of a device tensor blocks (for a copy between device tensors blocking changes nothing).
 
+One guard is a setting of autograd's: the wheel's views report storage offset 0, so the
+backward of a write into a view (``loss[1] = bce``, ``loss[0] *= box_gain``: YOLOv8's loss)
+reads the wrong elements of the gradient (all of it zero or another element's); autograd's view
+replay (``torch._C._set_view_replay_enabled``) makes it replay the view's op instead.
+
 One guard stays a Python wrapper and runs only on the emulator's opt-in ``bug-bn-stats`` switch:
 BatchNorm running statistics not updated in training (#362) does not reproduce on 0.2.5, so
 on real DirectML the guard would only cost time. ``torch.nn.functional.batch_norm`` normalizes
@@ -42,6 +47,7 @@ log = logging.getLogger("dmlshim")
 # guard name -> issues; every kernel guard applies wherever the target is DirectML.
 GUARDS: Dict[str, str] = {name: issues for name, (issues, _, _) in KERNEL_GUARDS.items()}
 GUARDS["non_blocking_to_host"] = "not reported"
+GUARDS["view_replay"] = "not reported"
 GUARDS["bn_stats"] = "microsoft/DirectML#362"
 
 _BN_PARAMS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
@@ -88,6 +94,15 @@ class GuardsPatch(Patch):
             self.on_undo(conversions.add_policy("Tensor.to non_blocking", blocking))
         if "bn_stats" in active:
             self.wrap(F, "batch_norm", _bn_guard(caps.device_type))
+        if "view_replay" in active:
+            # The wheel's views report storage offset 0, and autograd's CopySlices (the
+            # backward of writing into a view: ``loss[1] = ...``, ``loss[0] *= gain``) reads the
+            # gradient of the view at that offset in a fresh tensor: element 0's, not the
+            # view's. With view replay autograd records each view's op and replays it there
+            # instead (torch's own switch, used by AOTAutograd; thread-local: this thread's).
+            previous = torch._C._is_view_replay_enabled()
+            torch._C._set_view_replay_enabled(True)
+            self.on_undo(lambda: torch._C._set_view_replay_enabled(previous))
 
     def _register(self, kernels) -> None:
         lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed on uninstall
