@@ -314,3 +314,17 @@ def first_difference(got: Sequence[float], expected: Sequence[float]) -> str:
     if len(got) != len(expected):
         return f"got {len(got)} losses, expected {len(expected)}"
     return "no difference"
+
+
+def sitecustomize_logger(tmp_path: Path, log_path=str) -> Tuple[Path, Path]:
+    """A user's ``sitecustomize`` in ``tmp_path/site`` that appends its process's ``sys.argv``
+    to ``tmp_path/ran.txt`` (named in it by ``log_path``: a Windows path under wine), and
+    ``tmp_path/script.py``, which prints ``script``: how many times it ran, and where."""
+    site = tmp_path / "site"
+    site.mkdir()
+    log = tmp_path / "ran.txt"
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nwith open({log_path(log)!r}, 'a') as f:\n"
+        "    f.write(repr(sys.argv) + '\\n')\n")
+    (tmp_path / "script.py").write_text("import sitecustomize\nprint('script')\n")
+    return site, log

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CORPUS, REPO, clean_env, describe, losses, run_native, run_shim
+from tests.helpers import (
+    CORPUS,
+    REPO,
+    clean_env,
+    describe,
+    losses,
+    run_native,
+    run_shim,
+    sitecustomize_logger,
+)
 
 CHILDREN = CORPUS / "dist" / "children.py"
 TIMEOUT = 240
@@ -385,12 +394,7 @@ def test_a_launcher_without_torch_passes_the_shim_to_its_whole_process_tree(tmp_
 def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_process(shim, tmp_path):
     """The runner's own interpreter is not the script's: there the bootstrap leaves the user's
     sitecustomize to the interpreter the runner becomes, which runs it once, as python does."""
-    site = tmp_path / "site"
-    site.mkdir()
-    log = tmp_path / "ran.txt"
-    (site / "sitecustomize.py").write_text(
-        f"with open({str(log)!r}, 'a') as f:\n    f.write('ran\\n')\n")
-    (tmp_path / "script.py").write_text("import sitecustomize, sys\nprint('script')\n")
+    site, log = sitecustomize_logger(tmp_path)
     shim(device="cpu")  # this process's children carry the bootstrap, first on PYTHONPATH
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["PYTHONPATH"], str(REPO),
                                                        str(site)]))
@@ -398,7 +402,7 @@ def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_proces
         log.write_text("")
         proc = _python(args, env, cwd=tmp_path)
         assert proc.returncode == 0 and proc.stdout == "script\n", describe(proc)
-        assert log.read_text().splitlines() == ["ran"], args
+        assert log.read_text().splitlines() == ["['script.py']"], args
 
 
 def test_a_users_sitecustomize_runs_once_under_the_runner_and_its_console_script(tmp_path):
@@ -409,12 +413,7 @@ def test_a_users_sitecustomize_runs_once_under_the_runner_and_its_console_script
 
     hook = Path(sysconfig.get_paths()["purelib"]) / "dmlshim-startup.pth"
     assert hook.is_file(), f"{hook} is missing: install dmlshim (pip install -e .) to test it"
-    site = tmp_path / "site"
-    site.mkdir()
-    log = tmp_path / "ran.txt"
-    (site / "sitecustomize.py").write_text(
-        f"import sys\nwith open({str(log)!r}, 'a') as f:\n    f.write(repr(sys.argv) + '\\n')\n")
-    (tmp_path / "script.py").write_text("import sitecustomize\nprint('script')\n")
+    site, log = sitecustomize_logger(tmp_path)
     env = clean_env(DMLSHIM_DEVICE="cpu", PYTHONPATH=str(site))
     console = Path(sys.executable).with_name("dmlshim.exe" if os.name == "nt" else "dmlshim")
     runs = {"python": [sys.executable, "script.py"],

@@ -22,7 +22,7 @@ from typing import Dict, Optional
 
 import pytest
 
-from tests.helpers import CORPUS, describe, losses
+from tests.helpers import CORPUS, describe, losses, sitecustomize_logger
 from tests.test_runner_matrix import CHILD_SUBSET, _compare, _run, cases, make_tree
 from tests.windows.wine import STATUS_ACCESS_VIOLATION, STATUS_CONTROL_C_EXIT, WindowsPython
 
@@ -122,12 +122,7 @@ def test_import_dmlshim_and_the_report(win, tmp_path):
 def test_a_users_sitecustomize_runs_once_under_the_runner(win, tmp_path):
     # the runner waits for a child interpreter here (no exec): the startup hook keeps its own
     # interpreter from running the user's sitecustomize, which runs once, in the script's
-    site = tmp_path / "site"
-    site.mkdir()
-    log = tmp_path / "ran.txt"
-    (site / "sitecustomize.py").write_text(
-        f"import sys\nwith open({win.path(log)!r}, 'a') as f:\n    f.write(repr(sys.argv) + '\\n')\n")
-    (tmp_path / "script.py").write_text("import sitecustomize\nprint('script')\n")
+    site, log = sitecustomize_logger(tmp_path, win.path)
     env = win.env(DMLSHIM_DEVICE="cpu")
     env["PYTHONPATH"] = win.pathsep.join([env["PYTHONPATH"], win.path(site)])
     for args in (["script.py"], ["-m", "dmlshim", "script.py"]):
