@@ -6,8 +6,9 @@ script. :mod:`site` runs ``sitecustomize`` and ``usercustomize`` at the start of
 user's would run twice. ``dmlshim-startup.pth``, which the package installs next to it, runs
 :func:`startup` while :mod:`site` reads ``.pth`` files, before it imports ``sitecustomize``; in
 the runner's interpreter it tells :mod:`site` to leave both to the script's interpreter, where
-they run once, as with plain python. In every other process it does nothing (the ``.pth`` line
-imports this module only when the command line may start the runner).
+they run once, as with plain python. In every other process it does nothing and leaves no
+module behind (the ``.pth`` line imports this module only when the command line may start the
+runner, and the module then leaves ``sys.modules``).
 
 The one exception is dmlshim's own bootstrap (a runner started by a shimmed process, whose
 ``PYTHONPATH`` puts the bootstrap first): it must run, to give that runner its environment
@@ -83,6 +84,7 @@ def _skip():
 def startup() -> None:
     site = sys.modules.get("site")
     if site is None or not is_runner(command_line()):
+        sys.modules.pop(__name__, None)  # no trace in the script's sys.modules: python's
         return
     if BOOTSTRAP_MARKER not in os.environ:
         site.execsitecustomize = _skip

@@ -235,10 +235,11 @@ def _is_runner():
     """Whether this interpreter is dmlshim's runner (_dmlshim_startup.py says, which lies next
     to the dmlshim package and which dmlshim-startup.pth has usually imported already)."""
     argv = getattr(sys, "orig_argv", None)
-    if argv is not None and not any("dmlshim" in arg for arg in argv):
-        return False  # most children: nothing to load
+    if argv is not None and not any("dmlshim" in arg for arg in argv[1:]):
+        return False  # most children: nothing to load (argv[0], python, may lie in any folder)
     startup = sys.modules.get("_dmlshim_startup")
     if startup is None:
+        # loaded, not imported: the script's sys.modules stays python's
         from _frozen_importlib import module_from_spec
         from _frozen_importlib_external import PathFinder
 
@@ -247,7 +248,6 @@ def _is_runner():
             return False
         startup = module_from_spec(spec)
         spec.loader.exec_module(startup)
-        sys.modules["_dmlshim_startup"] = startup
     return startup.is_runner(startup.command_line())
 
 
