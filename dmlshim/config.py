@@ -27,7 +27,8 @@ EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-
                  "scatter-partial", "masked-fill-mode", "out-unsafe", "flip-negative-dims",
                  "bn-mixed-backward", "gather-scatter-negative-dim",
                  "rsub-float-number", "split-empty", "non-blocking-to-host",
-                 "sub-empty", "gather-empty")
+                 "sub-empty", "gather-empty", "readback-gil",
+                 "cat-empty", "slice-empty")
 EMULATOR_BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none",
                  "bug-bilinear")
 # The old names of nll-none-backward and mul-bool (opt-in bugs once): still accepted, not listed

@@ -131,6 +131,10 @@ def set_switches(switches: Iterable[str]) -> None:
 
 
 def _sync_registrations() -> None:
+    from emulated_dml import _backend
+
+    if _backend._cpp_guard is not None:  # the gap lives in the C++ guard (a kernel in C++)
+        _backend._cpp_guard.set_readback_gil(state.registered and state.readback_gil)
     if state.registered:
         from emulated_dml import autocast_kernels
 

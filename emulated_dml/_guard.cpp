@@ -109,10 +109,38 @@ void set_metadata(const at::Tensor& t, const std::vector<int64_t>& sizes,
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
 }
 
+// Gap "readback-gil": torch-directml 0.2.5 deadlocks when one number is read back with the GIL
+// held (torch's argument parser reads a device tensor given as a size or a number,
+// torch.zeros(b, counts.max(), n), with item() and the GIL held). Its read back waits on a fence
+// that its event thread signals after running the completions queued before it, and a
+// completion that drops the last reference to a tensor Python has let go of takes the GIL to
+// free its Python object. Whether a completion needs the GIL then depends on timing; the
+// emulator raises on every such read back instead, so a test meets it every time. Tensor.item(),
+// float(t) and Tensor.to release the GIL first and pass. Registered above autograd, where no
+// Python kernel runs before it (a Python kernel holds the GIL: dmlshim's guard replaces this one).
+std::atomic<bool> g_readback_gil{false};
+
+c10::Scalar local_scalar_dense_gil_check(c10::DispatchKeySet keys, const at::Tensor& self) {
+  TORCH_CHECK(!(g_readback_gil.load() && PyGILState_Check()),
+              "emulated_dml (gap readback-gil): a device tensor was read back as one number with "
+              "the GIL held (a device tensor given as a size or a number, e.g. torch.zeros(n, "
+              "t.max())); torch-directml 0.2.5 can deadlock there");
+  return at::_ops::_local_scalar_dense::redispatch(keys & c10::after_autograd_keyset, self);
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense_gil_check));
+}
+
+void set_readback_gil(bool on) {
+  g_readback_gil.store(on);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device_count", &set_device_count, "adapters to cover (at least 8)");
   m.def("current_device", &current_device, "current adapter index of this thread");
   m.def("set_current_device", &set_current_device, "set this thread's current adapter");
   m.def("refuse_storage", &refuse_storage, "make storage access of a tensor throw");
   m.def("set_metadata", &set_metadata, "set sizes, strides and storage offset of a tensor");
+  m.def("set_readback_gil", &set_readback_gil, "gap readback-gil on or off");
 }

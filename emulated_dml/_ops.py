@@ -39,6 +39,13 @@ can be tested against them:
   (0, 0)); the wheel's in-place binary kernels (add_, mul_, sub_) give an empty tensor that
   shape too (not modelled).
 * ``gather-empty``: ``gather`` with an empty index raises ``Unknown error -2147024809``.
+* ``slice-empty``: an empty slice that starts past 0 (``x[:, 8:]`` of 8 columns) raises (the
+  wheel segfaults on it); at the front (``x[:, :0]``) it works.
+* ``cat-empty``: ``torch.cat`` with an empty operand (``(3, 0)`` beside ``(3, 4)``) raises
+  ``Unknown error -2147024809``.
+* ``readback-gil`` lives in ``_guard.cpp`` (a C++ kernel above autograd, where the GIL can be
+  seen): a device tensor read back as one number with the GIL held raises (on the wheel it can
+  deadlock: torch's argument parser reads ``torch.zeros(n, t.max())``'s size so).
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
 
@@ -364,6 +371,32 @@ def _split_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+def _cat_empty_gap(func, plan, args, kwargs):
+    tensors = args[0] if args else kwargs["tensors"]
+    if any(t.numel() == 0 for t in tensors):
+        raise RuntimeError(INVALID_ARG_MESSAGE)
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+SLICE_MESSAGE = (
+    "an empty slice starting at {start} of a dimension of size {size}: torch-directml 0.2.5 "
+    "segfaults on it (its view points past the tensor; dmlshim emulator, gap slice-empty)")
+
+
+def _slice_gap(func, plan, args, kwargs):
+    # slice(self, dim=0, start=None, end=None, step=1)
+    names = ("self", "dim", "start", "end", "step")
+    bound = dict(zip(names, args), **kwargs)
+    self, start, end = bound["self"], bound.get("start"), bound.get("end")
+    if start:
+        size = self.shape[bound.get("dim", 0)]
+        s = start + size if start < 0 else start
+        e = size if end is None else (end + size if end < 0 else end)
+        if s > 0 and (s >= size or e <= s):
+            raise RuntimeError(SLICE_MESSAGE.format(start=start, size=size))
+    return run_on_cpu(func, plan, args, kwargs)
+
+
 def _sub_empty_gap(func, plan, args, kwargs):
     out = run_on_cpu(func, plan, args, kwargs)
     other = args[1] if len(args) > 1 else kwargs.get("other")
@@ -538,6 +571,9 @@ BUGS.update({
     "aten::flip": ("flip_negative_dims", _flip_gap),
     "aten::flip.out": ("flip_negative_dims", _flip_gap),
     "aten::sub.Tensor": ("sub_empty", _sub_empty_gap),
+    "aten::slice.Tensor": ("slice_empty", _slice_gap),
+    "aten::cat": ("cat_empty", _cat_empty_gap),
+    "aten::cat.out": ("cat_empty", _cat_empty_gap),
     "aten::split.Tensor": ("split_empty", _split_gap),
     "aten::split_with_sizes": ("split_empty", _split_gap),
     "aten::rsub.Tensor": ("rsub_float_number", _rsub_gap),

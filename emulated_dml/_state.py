@@ -20,7 +20,8 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "out-resize", "resize", "unique-counts", "scatter-partial",
         "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
         "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
-        "non-blocking-to-host", "sub-empty", "gather-empty")
+        "non-blocking-to-host", "sub-empty", "gather-empty", "readback-gil",
+        "cat-empty", "slice-empty")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -76,6 +77,9 @@ class _State:
     non_blocking_to_host: bool = True
     sub_empty: bool = True
     gather_empty: bool = True
+    cat_empty: bool = True
+    slice_empty: bool = True
+    readback_gil: bool = True  # modelled in _guard.cpp (pushed there by _sync_registrations)
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False
     bug_scatter_add: bool = False

@@ -283,6 +283,37 @@ def gather_empty():
     (y.sum() + xi.sum()).backward()
     return {"out": enc(y), "grad": enc(xi.grad)}
 case("gather_empty", gather_empty)
+# a device tensor given where a number goes: torch's argument parser reads it holding the GIL
+# (on the wheel that can deadlock: YOLOv8's torch.zeros(b, counts.max(), n)); item() does not
+def readback_gil():
+    t = torch.tensor([3, 1]).to(dev).max()
+    return {"zeros": list(torch.zeros(2, t, device=dev).shape),
+            "full": enc(torch.full((2,), t, device=dev)), "item": t.item(), "int": int(t),
+            "float": float(t)}
+case("readback_gil", readback_gil)
+# torch.cat with an empty operand (ultralytics' NMS: a zero-width mask beside the boxes)
+def cat_empty():
+    xi = leaf(torch.arange(12.0).reshape(3, 4))
+    y = torch.cat((xi, torch.zeros(3, 0).to(dev), xi[:, :1] * 2), 1)
+    (y * y).sum().backward()
+    res = {"out": enc(y), "grad": enc(xi.grad),
+           "legacy": enc(torch.cat((torch.zeros(0).to(dev), torch.ones(2, 2).to(dev)))),
+           "promoted": enc(torch.cat((torch.ones(2, 1).half().to(dev), torch.zeros(2, 0).to(dev)), 1)),
+           "all_empty": enc(torch.cat((torch.zeros(2, 0).to(dev), torch.zeros(2, 0).to(dev)), 1))}
+    try:
+        torch.cat((torch.ones(3, 2).to(dev), torch.zeros(4, 0).to(dev)), 1)
+    except RuntimeError as err:
+        res["mismatch"] = str(err)
+    return res
+case("cat_empty", cat_empty)
+# an empty slice past the front (ultralytics' validation: x[:, 6:] of its (n, 6) detections)
+def slice_empty():
+    xi = leaf(torch.arange(12.0).reshape(3, 4))
+    parts = {"end": xi[:, 4:], "mid": xi[:, 2:2], "dim0": xi[3:], "step": xi[:, 4::2],
+             "neg": xi[:, -1:-1], "front": xi[:, :0], "normal": xi[:, 1:3], "tail": xi[1:, -2:]}
+    sum((p * p).sum() for p in parts.values()).backward()
+    return {**{k: enc(v) for k, v in parts.items()}, "grad": enc(xi.grad)}
+case("slice_empty", slice_empty)
 
 # seen on the software adapter (opt-in bug switches in the emulator): every guard is right
 # with and without them; loss and gradient against the CPU
@@ -430,7 +461,7 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
              "scatter_based", "scatter_add", "gather_scatter_negative",
              "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty",
-             "sub_empty", "gather_empty"]
+             "sub_empty", "gather_empty", "readback_gil", "cat_empty", "slice_empty"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
@@ -522,6 +553,10 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     assert wheel["sub_empty"]["sub"]["shape"] == [0, 0]
     assert wheel["gather_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
     assert wheel["split_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
+    assert wheel["cat_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
+    assert "gap slice-empty" in wheel["slice_empty"]["error"]
+    assert wheel["readback_gil"]["error"].startswith(
+        "RuntimeError: emulated_dml (gap readback-gil): a device tensor was read back")
     assert not close(wheel["to_host_non_blocking"], cpu["to_host_non_blocking"])
     assert wheel["rsub_number"] == {
         "error": "RuntimeError: The GPU device does not support Double (Float64) operations!"}
@@ -541,6 +576,8 @@ def test_guard_counters(runs):
     assert notes["guard.bn_mixed_backward"] == 1 and notes["guard.scatter_add"] == 4
     assert notes["guard.rsub_number"] == 4 and notes["guard.split_empty"] == 2
     assert notes["guard.non_blocking_to_host"] == 2 and notes["guard.sub_empty"] == 3
+    assert notes["guard.cat_empty"] == 5 and notes["guard.slice_empty"] >= 5
+    assert "guard.readback_gil" not in notes  # every item() takes it: not a summary line
 
 
 @pytest.mark.parametrize("run", ["shim", "wheel"])

@@ -119,6 +119,23 @@ def test_writes_into_views_get_the_cpus_gradients_under_the_shim():
     assert wheel["select_weighted"] == wheel["two_selects"] == "differs", wheel  # the fact
 
 
+def test_a_device_tensor_given_as_a_size_does_not_hang_under_the_shim():
+    # torch.zeros(b, counts.max(), n) reads counts.max() holding the GIL; the wheel's read back
+    # waits for its event thread, which may need the GIL to free a tensor Python let go of
+    # (YOLOv8 hung so at its second step). The guard readback_gil reads without the GIL.
+    script = str(REPO / "tests" / "scripts" / "readback_gil.py")
+    wheel = run_wsl([sys.executable, script, "--device", "dml", "--timeout", "40"])
+    # the fact (at the first or a later step: when a completion needs the GIL is timing)
+    assert wheel.returncode != 0 and "Timeout" in wheel.stderr, describe(wheel)
+    assert "done" not in wheel.stdout, describe(wheel)
+    shim = run_wsl([sys.executable, "-m", "dmlshim", script, "--timeout", "600"])
+    assert shim.returncode == 0, describe(shim)
+    assert shim.stdout.count("(4, 13, 5)") == 6 and "done" in shim.stdout, describe(shim)
+    off = run_wsl([sys.executable, "-m", "dmlshim", script, "--timeout", "40"],
+                  env=clean_env(DMLSHIM_GUARDS="off"))
+    assert off.returncode != 0 and "Timeout" in off.stderr, describe(off)  # the guard did it
+
+
 def _zoo(model: str, tmp_path, **env: str):
     tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.json"
@@ -149,4 +166,8 @@ def test_a_cuda_script_trains_on_the_adapter_like_native(via, tmp_path):
     got = losses(proc.stdout)
     want = losses(run_native("cnn.py").stdout)
     assert len(got) == len(want) and all(math.isfinite(v) for v in got)
-    assert got == pytest.approx(want, rel=REAL_REL), (got, want)
+    # three epochs (52 losses): another device's float32 compounds step by step (2.07e-3 at
+    # step 40 on lavapipe), so the first epoch is held to REAL_REL and the run to 2.5 times it,
+    # still far below a skipped update or a wrong kernel (1e-2 and more)
+    assert got[:17] == pytest.approx(want[:17], rel=REAL_REL), (got, want)
+    assert got == pytest.approx(want, rel=2.5 * REAL_REL), (got, want)

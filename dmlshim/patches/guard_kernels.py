@@ -460,6 +460,94 @@ def unique2(self: Tensor, sorted: bool = True, return_inverse: bool = False,  # 
     return out, inverse, torch.sub(ends, starts)
 
 
+# -- a read back of one number with the GIL held deadlocks ------------------------------------
+# torch reads a device tensor given where a number goes (``torch.zeros(b, counts.max(), n)``,
+# ``torch.full(size, t)``, ``torch.arange(t)``: YOLOv8's assigner) with ``item()`` while it
+# holds the GIL. The wheel's read back waits on a fence its event thread signals once it has
+# run the completions queued before it, and a completion that drops the last reference to a
+# tensor Python has already let go of (torch then keeps the tensor's Python object alive from
+# C++) takes the GIL to free it: neither thread moves again. Above autograd, the copy to the
+# host goes through Tensor.to's C binding, which waits with the GIL released; ``Tensor.item()``
+# itself releases it too, so that path only gains this frame.
+
+
+def local_scalar_dense(self: Tensor):
+    # not counted in the exit summary's "guards applied": every read back of a number takes it
+    return _ITEM(_TO(self, "cpu"))
+
+
+# -- torch.cat with an empty operand raises E_INVALIDARG --------------------------------------
+# (ultralytics' NMS: ``torch.cat((box, conf, j, mask), 1)`` with a zero-width mask when the
+# model has no mask outputs.) Above autograd: the empty operands are left out after torch's
+# checks of them, and the wheel's own cat gets the others; the result has the dtype of all of
+# them. Every call pays one frame (the loop), as the multiplication guard does.
+
+_CAT = torch._C._VariableFunctions.cat
+
+
+def cat(tensors: List[Tensor], dim: int = 0) -> Tensor:
+    for t in tensors:
+        if t.numel() == 0:
+            break
+    else:
+        with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+            return _CAT(tensors, dim)
+    return _cat_without_empties(tensors, dim)
+
+
+def _cat_without_empties(tensors: List[Tensor], dim: int) -> Tensor:
+    events.note("guard.cat_empty")
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    # torch skips 1-D empty tensors (its legacy form) in any dim; the others must fit
+    shaped = [(i, t) for i, t in enumerate(tensors) if t.dim() != 1 or t.shape[0] != 0]
+    if not shaped:
+        return aten.empty.memory_format([0], dtype=dtype, device=tensors[0].device)
+    ref = shaped[0][1]
+    d = _wrap_dim(dim, ref.dim())
+    for i, t in shaped[1:]:
+        if t.dim() != ref.dim():
+            raise RuntimeError("Tensors must have same number of dimensions: got "
+                               f"{ref.dim()} and {t.dim()}")
+        for k in range(ref.dim()):
+            if k != d and t.shape[k] != ref.shape[k]:
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension {d}. Expected size "
+                    f"{ref.shape[k]} but got size {t.shape[k]} for tensor number {i} in the "
+                    "list.")
+    keep = [t for _, t in shaped if t.numel() != 0]
+    if not keep:
+        size = list(ref.shape)
+        size[d] = sum(t.shape[d] for _, t in shaped)
+        return aten.empty.memory_format(size, dtype=dtype, device=ref.device)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        out = _CAT(keep, d)
+    return out if out.dtype == dtype else _TO(out, dtype)
+
+
+# -- an empty slice that starts past 0 segfaults --------------------------------------------
+# (``x[:, 6:]`` of an ``(n, 6)`` tensor: ultralytics' validation, a detection model's "extra"
+# columns.) The wheel's view of it points past the tensor's end; the same empty slice taken at
+# the front (``x[:, 0:0]``, what the guard hands the wheel's kernel instead) works. Above
+# autograd: the wheel's own slice (through torch's autograd kernel) for every call, the bounds
+# checked inline: one frame per slice of a device tensor.
+
+_SLICE = aten.slice.Tensor._op  # boxed: torch has no C function for slice
+
+
+def slice_tensor(self: Tensor, dim: int = 0, start=None, end=None, step: int = 1) -> Tensor:
+    if start is not None and start != 0 and -self.dim() <= dim < self.dim():
+        size = self.shape[dim]
+        s = start + size if start < 0 else start
+        e = size if end is None else (end + size if end < 0 else end)
+        if s > 0 and (s >= size or e <= s):  # empty, past the front
+            events.note("guard.slice_empty")
+            start, end = 0, 0
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _SLICE(self, dim, start, end, step)
+
+
 # -- layer norm backward without a bias fails --------------------------------------------------
 
 _LAYER_NORM_BACKWARD = aten.native_layer_norm_backward.default._op  # functional
@@ -814,6 +902,13 @@ KERNEL_GUARDS = {
     "unique_counts": ("not reported", "torch.unique(return_counts=True) and "
                       "(return_inverse=True) raise",
                       {"_unique2": unique2}),
+    "readback_gil": ("not reported", "a read back of one number with the GIL held (a device "
+                     "tensor as a size or a number: torch.zeros(n, t.max())) deadlocks",
+                     {"_local_scalar_dense": local_scalar_dense}),
+    "slice_empty": ("not reported", "an empty slice that starts past 0 (x[:, n:] of n "
+                    "columns) segfaults", {"slice.Tensor": slice_tensor}),
+    "cat_empty": ("not reported", "torch.cat with an empty operand raises E_INVALIDARG",
+                  {"cat": cat}),
     "layer_norm_nobias": ("not reported", "layer-norm backward without a bias fails",
                           {"native_layer_norm_backward": native_layer_norm_backward}),
     "logsumexp": ("not reported", "torch.logsumexp's composite hands the wheel's sum.out an "
@@ -846,5 +941,5 @@ KERNEL_KEYS: Dict[str, str] = {
                                     "reflect_pad", "max_pool_indices", "unique_counts",
                                     "layer_norm_nobias", "flip_dims", "bn_mixed_backward",
                                     "scatter_add", "gather_scatter_dims", "rsub_number",
-                                    "split_empty", "sub_empty")}
+                                    "split_empty", "sub_empty", "readback_gil", "cat_empty", "slice_empty")}
 KERNEL_KEYS.update({name: "PrivateUse1" for name in ("eye", "bilinear", "logsumexp")})

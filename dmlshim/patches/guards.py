@@ -7,7 +7,9 @@ the key :data:`~dmlshim.patches.guard_kernels.KERNEL_KEYS` names: ``AutogradPriv
 those that fix the inputs of the wheel's own kernel (float × bool multiplication, #686, #737;
 ``nll_loss``/``cross_entropy``, #739, #740; ``masked_fill`` with a non-bool mask, #702;
 reflect padding; max-pool indices; ``unique`` counts; the layer-norm backward without a bias;
-negative ``flip`` dims), ``PrivateUse1`` for those that replace it (``torch.eye``, #431;
+negative ``flip`` dims; a read back of one number, ``_local_scalar_dense``, made without the
+GIL: the wheel's can deadlock when torch's argument parser makes it holding the GIL),
+``PrivateUse1`` for those that replace it (``torch.eye``, #431;
 bilinear interpolation; ``logsumexp``). Uninstall destroys the registrations, which brings the
 wheel's own kernels back.
 
