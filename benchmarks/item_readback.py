@@ -13,15 +13,13 @@ vkd3d-proton build); without it, on the target ``--device`` names (default ``emu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, alternate, clean_env, header, median, run_value  # noqa: E402
 
 
 def child(reads: int) -> None:
@@ -38,7 +36,7 @@ def child(reads: int) -> None:
     t = x.sum()
     float(t.to("cpu"))
     frames = 0
-    shim_dir = str(REPO / "dmlshim")
+    shim_dir = os.path.join(REPO, "dmlshim")
 
     def count(frame, event, arg):
         nonlocal frames
@@ -48,23 +46,19 @@ def child(reads: int) -> None:
     sys.setprofile(count)
     t.item()
     sys.setprofile(None)
-    print(json.dumps({"us": statistics.median(times) * 1e6, "frames": frames}))
+    print("us", statistics.median(times) * 1e6)
+    print("frames", frames)
 
 
-def run(guards: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, "-m", "dmlshim", str(Path(__file__).resolve()), "--child",
+def measure(guards: str, key: str, args: argparse.Namespace) -> float:
+    cmd = [sys.executable, "-m", "dmlshim", os.path.abspath(__file__), "--child",
            "--reads", str(args.reads)]
     if args.d3d12:
         cmd = [sys.executable, "-m", "emulated_dml.wsl", "--d3d12", args.d3d12, "--", *cmd]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
-    env.update(DMLSHIM_GUARDS=guards, OMP_NUM_THREADS="1")
+    env = clean_env(DMLSHIM_GUARDS=guards, OMP_NUM_THREADS="1")
     if not args.d3d12:
         env["DMLSHIM_DEVICE"] = args.device
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"child failed ({guards}):\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_value(cmd, key, env)
 
 
 def main() -> None:
@@ -78,19 +72,16 @@ def main() -> None:
     if args.child:
         child(args.reads)
         return
-    rows = {"on": [], "off": []}
-    for i in range(args.runs):
-        for guards in (("off", "on") if i % 2 == 0 else ("on", "off")):
-            rows[guards].append(run(guards, args))
-    on = statistics.median(r["us"] for r in rows["on"])
-    off = statistics.median(r["us"] for r in rows["off"])
-    import torch
-
-    print(f"torch {torch.__version__}, {'real wheel (--d3d12)' if args.d3d12 else args.device}, "
+    off, on = alternate(args.runs, lambda: measure("off", "us", args),
+                        lambda: measure("on", "us", args))
+    frames = {g: int(measure(g, "frames", args)) for g in ("off", "on")}  # deterministic
+    h = header()
+    print(f"{h['machine']}, torch {h['torch']}, {h['date']}, "
+          f"{'real wheel (--d3d12)' if args.d3d12 else args.device}, "
           f"{args.runs} alternating runs of {args.reads} reads")
-    print(f"t.item(): guards off {off:.1f} us, on {on:.1f} us (ratio {on / off:.2f}); "
-          f"dmlshim frames per item(): off {rows['off'][0]['frames']}, "
-          f"on {rows['on'][0]['frames']}")
+    print(f"t.item(): guards off {median(off):.1f} us, on {median(on):.1f} us "
+          f"(ratio {median(on) / median(off):.2f}); dmlshim frames per item(): "
+          f"off {frames['off']}, on {frames['on']}")
 
 
 if __name__ == "__main__":

@@ -500,7 +500,8 @@ def _cat_without_empties(tensors: List[Tensor], dim: int) -> Tensor:
     dtype = tensors[0].dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
-    # torch skips 1-D empty tensors (its legacy form) in any dim; the others must fit
+    # torch skips 1-D empty tensors (its legacy form) in any dim; the others must fit, with the
+    # CPU's and CUDA's messages (torch's meta kernel words them otherwise)
     shaped = [(i, t) for i, t in enumerate(tensors) if t.dim() != 1 or t.shape[0] != 0]
     if not shaped:
         return aten.empty.memory_format([0], dtype=dtype, device=tensors[0].device)
@@ -941,5 +942,6 @@ KERNEL_KEYS: Dict[str, str] = {
                                     "reflect_pad", "max_pool_indices", "unique_counts",
                                     "layer_norm_nobias", "flip_dims", "bn_mixed_backward",
                                     "scatter_add", "gather_scatter_dims", "rsub_number",
-                                    "split_empty", "sub_empty", "readback_gil", "cat_empty", "slice_empty")}
+                                    "split_empty", "sub_empty", "readback_gil", "cat_empty",
+                                    "slice_empty")}
 KERNEL_KEYS.update({name: "PrivateUse1" for name in ("eye", "bilinear", "logsumexp")})
