@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import wrapt
@@ -98,6 +98,35 @@ def called_from_torch(depth: int = 1) -> bool:
         memo[frame.f_code] = answer
         return answer
     return False
+
+
+# one line, which stands for the caller's: co_firstlineno is the line of the call
+def _trampoline(fn, args, kwargs): return fn(*args, **kwargs)  # type: ignore[no-untyped-def]  # noqa: E704
+
+
+_TRAMPOLINE = _trampoline.__code__
+
+
+def call_at_callers_line(fn: Callable[..., Any], args: Sequence[Any],
+                         kwargs: Dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)``, called from a frame that stands at the caller's line.
+
+    The caller is the first frame outside dmlshim and wrapt. A wrapped API that warns with
+    ``stacklevel=2`` (torch 2.4's ``torch.load`` FutureWarning about ``weights_only``) names
+    its caller's line: with a wrapper between them, that would be dmlshim's. From this frame
+    (the caller's file, line, function name and module globals: the module its filters match
+    and its warning registry) the warning reads as it does without dmlshim. A traceback
+    through the call shows that frame once more. For APIs called rarely (a code and a function
+    object per call, a few microseconds).
+    """
+    frame = sys._getframe(1)
+    while frame is not None and _is_shim(frame.f_globals.get("__name__", "")):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None or not frame.f_lineno:
+        return fn(*args, **kwargs)
+    code = _TRAMPOLINE.replace(co_filename=frame.f_code.co_filename,
+                               co_name=frame.f_code.co_name, co_firstlineno=frame.f_lineno)
+    return FunctionType(code, frame.f_globals)(fn, args, kwargs)
 
 
 class Reentry(threading.local):

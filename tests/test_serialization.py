@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import subprocess
 import sys
+import warnings
 import zipfile
 
 import pytest
@@ -344,3 +346,58 @@ def test_corpus_resumes_from_a_cuda_checkpoint(tmp_path, native_roundtrip):
     native_resumed = corpus_lines(native.stdout, "resume")
     assert len(resumed) == 21 and resumed == native_resumed, describe(proc)
 
+
+
+# -- torch's warnings at the user's line -------------------------------------------------------
+
+def test_a_wrapped_apis_stacklevel_2_warning_names_the_callers_line():
+    # torch 2.4's torch.load warns about weights_only with stacklevel=2: its caller's line. A
+    # dmlshim wrapper between them would take that place; call_at_callers_line gives it back
+    def api():
+        warnings.warn("from the api", FutureWarning, stacklevel=2)
+        return 7
+
+    wrappers = {}
+    for name, body in (("through", "return call_at_callers_line(api, args, kwargs)"),
+                       ("direct", "return api(*args, **kwargs)")):
+        namespace = {"__name__": "dmlshim._a_wrapper", "api": api,
+                     "call_at_callers_line": patching.call_at_callers_line}
+        exec(f"def wrapper(*args, **kwargs):\n    {body}\n", namespace)  # noqa: S102
+        wrappers[name] = namespace["wrapper"]
+    sites = {}
+    for name, wrapper in wrappers.items():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            line = sys._getframe().f_lineno + 1
+            assert wrapper() == 7
+        sites[name] = [(w.filename, w.lineno, str(w.message)) for w in seen]
+    assert sites["through"] == [(__file__, line, "from the api")]
+    assert sites["direct"] == [("<string>", 2, "from the api")]  # what the helper fixes
+
+
+LOADING_SCRIPT = """\
+import os, tempfile, torch
+path = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+torch.save({"w": torch.ones(3)}, path)
+state = torch.load(path)
+print("loaded", state["w"].sum().item())
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated-dml"])
+def test_torch_load_warns_at_the_users_line_as_without_the_shim(device, tmp_path):
+    # torch 2.4.1 (DirectML's torch) warns on every torch.load without weights_only; newer
+    # torch does not warn, and the streams must match all the same
+    script = tmp_path / "load_it.py"
+    script.write_text(LOADING_SCRIPT, encoding="utf-8")
+    native = run_native(script, cached=False)
+    shimmed = run_shim(script, device=device)
+    assert native.returncode == shimmed.returncode == 0, describe(shimmed)
+    assert shimmed.stdout == native.stdout == "loaded 3.0\n", describe(shimmed)
+    assert _warning_sites(shimmed.stderr) == _warning_sites(native.stderr), describe(shimmed)
+
+
+def _warning_sites(stderr: str):
+    """The ``file:line: Category: message`` lines of Python's warnings (the emulator's build
+    prints a line of its own)."""
+    return [line for line in stderr.splitlines() if re.match(r"\S.*:\d+: \w*Warning: ", line)]

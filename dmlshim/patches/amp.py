@@ -52,8 +52,6 @@ STATE_ATTR = "_dmlshim_scaler_state"
 STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
-# -- warnings at the user's line ------------------------------------------------------------
-
 # -- what "cuda" autocast becomes on this target ---------------------------------------------
 
 class AmpPlan:

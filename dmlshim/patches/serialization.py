@@ -37,7 +37,7 @@ import torch.serialization as _ser
 import torch.storage as _storage
 
 from dmlshim import conversions, devicemap, events
-from dmlshim.patching import Owns, Patch, ThreadStack, get_original
+from dmlshim.patching import Owns, Patch, ThreadStack, call_at_callers_line, get_original
 
 log = logging.getLogger("dmlshim")
 
@@ -154,14 +154,15 @@ class SerializationPatch(Patch):
             with self._seen.pushed(seen):
                 if not self.directml or _is_safetensors(f):
                     args, kwargs = _with_ml(args, kwargs, where, new_ml)
-                    return wrapped(*args, **kwargs)
+                    # torch 2.4 warns about weights_only at its caller's line: the user's
+                    return call_at_callers_line(wrapped, args, kwargs)
                 # DirectML: read every storage to the host, note where each was going, move
                 # after.
                 dest: Dict[int, torch.device] = {}
                 restore = self._host_restore(new_ml, dest)
                 args, kwargs = _with_ml(args, kwargs, where, restore)
                 with self._dest.pushed(dest):
-                    result = wrapped(*args, **kwargs)
+                    result = call_at_callers_line(wrapped, args, kwargs)
                 return _Mover(dest).move(result) if dest else result
         finally:
             for location, dev in sorted(seen, key=str):
