@@ -33,9 +33,14 @@ def pytest_addoption(parser):
     parser.addoption("--windows-python", metavar="PATH", default=None,
                      help="run tests/windows/ (only) on this Windows python.exe under wine "
                           "(.ci/windows-lane sets it up)")
+    parser.addoption("--windows-d3d12-python", metavar="PATH", default=None,
+                     help="with --windows-python: also run tests/windows/test_windows_d3d12.py "
+                          "on this Windows python.exe, whose folder holds a real D3D12 library "
+                          "(.ci/windows-lane with DMLSHIM_WINDOWS_D3D12 sets it up)")
 
 
 WINDOWS_TESTS = "tests/windows/"
+WINDOWS_D3D12_TESTS = "test_windows_d3d12.py"
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -45,6 +50,9 @@ def pytest_ignore_collect(collection_path, config):
     windows = config.getoption("--windows-python") is not None
     if collection_path.is_dir() and not inside:
         return None
+    if collection_path.name == WINDOWS_D3D12_TESTS and \
+            config.getoption("--windows-d3d12-python") is None:
+        return True  # the real D3D12 library's tests need its python folder
     return (not inside) if windows else (inside or None)
 
 

@@ -7,9 +7,10 @@ Runs only with ``--windows-python PATH`` (tests/conftest.py). What runs here:
   backslashes, ``sys.argv``;
 - children on the CPU target (DataLoader spawn workers, ``mp.spawn``, a subprocess, torchrun
   with gloo), bad input, ``import dmlshim``, the report;
-- the real DirectML.dll on wine's d3d12 (lavapipe; no DXIL, so inference kernels only): the
+- the real DirectML.dll on wine 8's d3d12 (lavapipe; no DXIL, so inference kernels only): the
   doctor (and the probe it prints), an inference CNN through ``python -m dmlshim`` with default options,
-  compared with the CPU.
+  compared with the CPU. With ``DMLSHIM_WINDOWS_D3D12`` (wine 9 or newer) every test here runs
+  on that real D3D12 library instead, and test_windows_d3d12.py trains there.
 Each Windows process imports torch in ~15 s on 2 cores: the cases are few and run in parallel
 where they can.
 """

@@ -35,11 +35,14 @@ def wine_binary() -> str:
 class WindowsPython(Python):
     pathsep = ";"
 
-    def __init__(self, exe: PathLike) -> None:
+    def __init__(self, exe: PathLike, native_dlls: Sequence[str] = ()) -> None:
+        """``native_dlls``: DLLs of ``exe``'s folder that wine loads instead of its own (wine
+        prefers its builtin d3d12 to one beside the program)."""
         self.exe = Path(exe).resolve()
+        self.native_dlls = tuple(native_dlls)
         if not self.exe.is_file():
-            raise FileNotFoundError(f"--windows-python {exe}: no such file (.ci/windows-lane "
-                                    "--setup-only builds it)")
+            raise FileNotFoundError(f"{exe}: no such file (.ci/windows-lane --setup-only "
+                                    "builds it)")
 
     def path(self, path: PathLike) -> str:
         return "Z:" + os.path.abspath(str(path)).replace("/", "\\")
@@ -50,9 +53,12 @@ class WindowsPython(Python):
         env = {k: v for k, v in os.environ.items()
                if k in _HOST_KEEP or k.startswith(("WINE", "LC_"))}
         # a crash must end the process, not start winedbg (which waits for ever)
-        overrides = env.get("WINEDLLOVERRIDES", "")
-        if "winedbg" not in overrides:
-            env["WINEDLLOVERRIDES"] = ";".join(filter(None, [overrides, "winedbg.exe=d"]))
+        overrides = [env.get("WINEDLLOVERRIDES", "")]
+        if "winedbg" not in overrides[0]:
+            overrides.append("winedbg.exe=d")
+        if self.native_dlls:
+            overrides.append(",".join(self.native_dlls) + "=n")
+        env["WINEDLLOVERRIDES"] = ";".join(filter(None, overrides))
         env["PYTHONPATH"] = self.path(REPO)
         for key, value in extra.items():
             if value is None:
