@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List
 
@@ -36,12 +37,14 @@ def windows_path(path: str) -> str:
     return "Z:" + os.path.abspath(path).replace("/", "\\")
 
 
-def run(wine: str, python: str, env: Dict[str, str], results: Dict[str, List[float]]) -> float:
+def run(wine: str, python: str, env: Dict[str, str], cwd: str,
+        results: Dict[str, List[float]]) -> float:
     cmd = [wine, python, "-m", "dmlshim", windows_path(os.path.join(REPO, "examples",
                                                                      "train_cnn.py"))]
     start = time.perf_counter()
     # stdin a pipe: CPython under wine dies on a file as stdio
-    proc = subprocess.run(cmd, input="", capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(cmd, input="", capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=1800)
     total = time.perf_counter() - start
     epochs = {int(m.group(1)): float(m.group(2))
               for m in map(EPOCH.match, proc.stdout.splitlines()) if m}
@@ -86,11 +89,14 @@ def main() -> None:
                                 "import ctypes, time; ctypes.windll.user32.GetDesktopWindow();"
                                 " time.sleep(86400)"], **detached)
     time.sleep(5)
+    # vkd3d-proton keeps its pipeline cache in the working folder: one for the whole invocation
+    # (the first adapter run compiles DirectML's shaders, the others find them)
+    cwd = tempfile.mkdtemp(prefix="dmlshim-windows-training-")
     on_dml: Dict[str, List[float]] = {"epoch0": [], "epoch1": [], "process": []}
     on_cpu: Dict[str, List[float]] = {"epoch0": [], "epoch1": [], "process": []}
     try:
-        alternate(args.runs, lambda: run(wine, args.windows_python, base, on_dml),
-                  lambda: run(wine, args.windows_python, dict(base, DMLSHIM_DEVICE="cpu"),
+        alternate(args.runs, lambda: run(wine, args.windows_python, base, cwd, on_dml),
+                  lambda: run(wine, args.windows_python, dict(base, DMLSHIM_DEVICE="cpu"), cwd,
                               on_cpu))
     finally:
         desktop.terminate()
@@ -101,8 +107,8 @@ def main() -> None:
     print(f"runs: {args.runs} each, alternating; seconds, median (all values)")
     for key in ("epoch0", "epoch1", "process"):
         d, c = median(on_dml[key]), median(on_cpu[key])
-        print(f"{key:8s} adapter {d:7.1f} {on_dml[key]}  cpu {c:7.1f} {on_cpu[key]}  "
-              f"adapter/cpu {d / c:.2f}")
+        print(f"{key:8s} adapter {d:7.1f} {[round(v, 1) for v in on_dml[key]]}  "
+              f"cpu {c:7.1f} {[round(v, 1) for v in on_cpu[key]]}  adapter/cpu {d / c:.2f}")
 
 
 if __name__ == "__main__":
