@@ -33,10 +33,11 @@ def pytest_addoption(parser):
     parser.addoption("--windows-python", metavar="PATH", default=None,
                      help="run tests/windows/ (only) on this Windows python.exe under wine "
                           "(.ci/windows-lane sets it up)")
-    parser.addoption("--windows-d3d12-python", metavar="PATH", default=None,
-                     help="with --windows-python: also run tests/windows/test_windows_d3d12.py "
-                          "on this Windows python.exe, whose folder holds a real D3D12 library "
-                          "(.ci/windows-lane with DMLSHIM_WINDOWS_D3D12 sets it up)")
+    parser.addoption("--windows-d3d12", action="store_true",
+                     help="with --windows-python: that python's folder holds a real D3D12 "
+                          "library (d3d12.dll, d3d12core.dll), which every Windows process "
+                          "loads; tests/windows/test_windows_d3d12.py runs too (.ci/windows-lane "
+                          "with DMLSHIM_WINDOWS_D3D12 sets it up)")
 
 
 WINDOWS_TESTS = "tests/windows/"
@@ -50,8 +51,7 @@ def pytest_ignore_collect(collection_path, config):
     windows = config.getoption("--windows-python") is not None
     if collection_path.is_dir() and not inside:
         return None
-    if collection_path.name == WINDOWS_D3D12_TESTS and \
-            config.getoption("--windows-d3d12-python") is None:
+    if collection_path.name == WINDOWS_D3D12_TESTS and not config.getoption("--windows-d3d12"):
         return True  # the real D3D12 library's tests need its python folder
     return (not inside) if windows else (inside or None)
 

@@ -3,9 +3,9 @@ vkd3d-proton (D3D12 on Vulkan, over Mesa's lavapipe through wine's winevulkan), 
 DirectML's DXIL shaders, so training kernels run (wine's own d3d12 runs inference kernels
 only: test_windows_lane.py).
 
-Runs only with ``--windows-d3d12-python PATH`` (.ci/windows-lane with
-``DMLSHIM_WINDOWS_D3D12=DIR``, on wine 9 or newer): a python folder whose d3d12.dll is
-emulated_dml/windows/d3d12.c's, beside the library's own. Every run here uses default options
+Runs only with ``--windows-d3d12`` (.ci/windows-lane with ``DMLSHIM_WINDOWS_D3D12=DIR``, on
+wine 9 or newer): the ``--windows-python`` folder's d3d12.dll is emulated_dml/windows/d3d12.c's,
+beside the library's own. Every run here uses default options
 (the adapter is found, not named) unless it says ``DMLSHIM_DEVICE=cpu``: the same script on the
 same Windows python on the CPU is the reference (dmlshim on the CPU target computes what plain
 python does: tests/test_corpus.py). A Windows process under wine imports torch in ~15 s and
@@ -32,16 +32,9 @@ from tests.helpers import (
     losses,
     with_import_line,
 )
-from tests.windows.wine import WindowsPython
 
 TIMEOUT = 900
 ADAPTER = "llvmpipe"  # lavapipe's Vulkan device, as DXGI names it under wine
-
-
-@pytest.fixture(scope="session")
-def dwin(request) -> WindowsPython:
-    return WindowsPython(request.config.getoption("--windows-d3d12-python"),
-                         native_dlls=("d3d12", "d3d12core"))
 
 
 def _on_the_adapter(report: Path) -> dict:
@@ -52,10 +45,10 @@ def _on_the_adapter(report: Path) -> dict:
     return data
 
 
-def test_the_doctor_says_the_adapter_trains(dwin, tmp_path):
+def test_the_doctor_says_the_adapter_trains(win, tmp_path):
     # the doctor's training step (conv, training-mode batch norm, cross entropy, backward,
     # AdamW) on the device, compared with the CPU: what wine's own d3d12 cannot run
-    proc = dwin.run(["-m", "dmlshim", "--doctor"], dwin.env(), tmp_path, timeout=TIMEOUT)
+    proc = win.run(["-m", "dmlshim", "--doctor"], win.env(), tmp_path, timeout=TIMEOUT)
     assert proc.returncode == 0, describe(proc)
     assert f"adapter 0:       {ADAPTER}" in proc.stdout, describe(proc)
     assert f"auto picks:      dml ({ADAPTER}" in proc.stdout, describe(proc)
@@ -69,19 +62,19 @@ def _epochs(stdout: str) -> List[Tuple[float, float]]:
             for m in map(_EPOCH.match, stdout.splitlines()) if m]
 
 
-def test_the_example_cuda_script_trains_on_the_adapter(dwin, tmp_path):
+def test_the_example_cuda_script_trains_on_the_adapter(win, tmp_path):
     # README's example, unchanged: .cuda(), DataLoader spawn workers with pin_memory, CUDA
     # events, a checkpoint reloaded with map_location="cuda:0"; two epochs
-    script = dwin.path(REPO / "examples" / "train_cnn.py")
+    script = win.path(REPO / "examples" / "train_cnn.py")
     report = tmp_path / "report.json"
-    on_dml = dwin.run(["-m", "dmlshim", script], dwin.env(DMLSHIM_REPORT=dwin.path(report)),
+    on_dml = win.run(["-m", "dmlshim", script], win.env(DMLSHIM_REPORT=win.path(report)),
                       tmp_path, timeout=TIMEOUT)
     assert on_dml.returncode == 0, describe(on_dml)
     _on_the_adapter(report)
     assert f"GPU: {ADAPTER}" in on_dml.stdout, describe(on_dml)
     assert "checkpoint saved and reloaded" in on_dml.stdout, describe(on_dml)
     assert not gradient_alarms(on_dml.stderr), describe(on_dml)
-    on_cpu = dwin.run(["-m", "dmlshim", script], dwin.env(DMLSHIM_DEVICE="cpu"), tmp_path,
+    on_cpu = win.run(["-m", "dmlshim", script], win.env(DMLSHIM_DEVICE="cpu"), tmp_path,
                       timeout=TIMEOUT)
     assert on_cpu.returncode == 0, describe(on_cpu)
     got, want = _epochs(on_dml.stdout), _epochs(on_cpu.stdout)
@@ -96,25 +89,25 @@ def test_the_example_cuda_script_trains_on_the_adapter(dwin, tmp_path):
 
 
 @pytest.mark.parametrize("via", ["runner", "import"])
-def test_a_cuda_script_trains_on_the_adapter_like_the_cpu(dwin, via, tmp_path):
+def test_a_cuda_script_trains_on_the_adapter_like_the_cpu(win, via, tmp_path):
     # tests/corpus/cnn.py (conv, batch norm, dropout, max pooling, Adam, StepLR, a validation
     # pass, a best checkpoint), one epoch, by the runner and by `import dmlshim`; each loss
     # printed exactly, as the real-wheel lane compares it on Linux
     args = ["--epochs", "1"]
     report = tmp_path / "report.json"
     if via == "runner":
-        cmd = ["-m", "dmlshim", dwin.path(CORPUS / "cnn.py"), *args]
+        cmd = ["-m", "dmlshim", win.path(CORPUS / "cnn.py"), *args]
     else:
         copy = tmp_path / "cnn.py"
         copy.write_text(with_import_line((CORPUS / "cnn.py").read_text(encoding="utf-8")),
                         encoding="utf-8")
-        cmd = [dwin.path(copy), *args]
-    on_dml = dwin.run(cmd, dwin.env(DMLSHIM_REPORT=dwin.path(report)), tmp_path,
+        cmd = [win.path(copy), *args]
+    on_dml = win.run(cmd, win.env(DMLSHIM_REPORT=win.path(report)), tmp_path,
                       timeout=TIMEOUT)
     assert on_dml.returncode == 0, describe(on_dml)
     _on_the_adapter(report)
     assert not gradient_alarms(on_dml.stderr), describe(on_dml)
-    on_cpu = dwin.run(cmd, dwin.env(DMLSHIM_DEVICE="cpu"), tmp_path, timeout=TIMEOUT)
+    on_cpu = win.run(cmd, win.env(DMLSHIM_DEVICE="cpu"), tmp_path, timeout=TIMEOUT)
     assert on_cpu.returncode == 0, describe(on_cpu)
     got, want = losses(on_dml.stdout), losses(on_cpu.stdout)
     assert len(got) == len(want) > 10 and all(math.isfinite(v) for v in got), describe(on_dml)

@@ -25,15 +25,10 @@ import pytest
 
 from tests.helpers import CORPUS, describe, losses, sitecustomize_logger
 from tests.test_runner_matrix import CHILD_SUBSET, _compare, _run, cases, make_tree
-from tests.windows.wine import STATUS_ACCESS_VIOLATION, STATUS_CONTROL_C_EXIT, WindowsPython
+from tests.windows.wine import STATUS_ACCESS_VIOLATION, STATUS_CONTROL_C_EXIT
 
 SCRIPTS = Path(__file__).with_name("scripts")
 TORCH_TIMEOUT = 600
-
-
-@pytest.fixture(scope="session")
-def win(request) -> WindowsPython:
-    return WindowsPython(request.config.getoption("--windows-python"))
 
 
 @pytest.fixture(scope="module")

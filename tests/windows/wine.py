@@ -35,11 +35,12 @@ def wine_binary() -> str:
 class WindowsPython(Python):
     pathsep = ";"
 
-    def __init__(self, exe: PathLike, native_dlls: Sequence[str] = ()) -> None:
-        """``native_dlls``: DLLs of ``exe``'s folder that wine loads instead of its own (wine
-        prefers its builtin d3d12 to one beside the program)."""
+    def __init__(self, exe: PathLike, real_d3d12: bool = False) -> None:
+        """``real_d3d12``: ``exe``'s folder holds a real D3D12 library (.ci/windows-lane's
+        ``DMLSHIM_WINDOWS_D3D12`` folder), whose d3d12.dll and d3d12core.dll wine then loads
+        (it prefers its builtin ones to DLLs beside the program)."""
         self.exe = Path(exe).resolve()
-        self.native_dlls = tuple(native_dlls)
+        self.native_dlls = ("d3d12", "d3d12core") if real_d3d12 else ()
         if not self.exe.is_file():
             raise FileNotFoundError(f"{exe}: no such file (.ci/windows-lane --setup-only "
                                     "builds it)")
