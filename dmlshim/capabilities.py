@@ -23,7 +23,7 @@ WHEEL_BUGS = ("eye", "mul_bool", "nll_none", "masked_fill_uint8", "reflect_pad",
               "logsumexp", "flip_dims", "bn_mixed_backward", "scatter_add",
               "gather_scatter_dims", "rsub_number", "non_blocking_to_host",
               "split_empty", "sub_empty", "view_replay", "readback_gil",
-              "cat_empty", "slice_empty")
+              "cat_empty", "slice_empty", "inplace_alias")
 # Guards right only where the wheel's behaviour is there: on the emulator, only with its gap.
 GAP_GUARDS = {"max_pool_indices": "maxpool-flat-indices"}
 # Reported for older releases, not reproduced by 0.2.5: only the emulator's opt-in switch has it.

@@ -28,7 +28,7 @@ EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-
                  "bn-mixed-backward", "gather-scatter-negative-dim",
                  "rsub-float-number", "split-empty", "non-blocking-to-host",
                  "sub-empty", "gather-empty", "readback-gil",
-                 "cat-empty", "slice-empty")
+                 "cat-empty", "slice-empty", "inplace-alias")
 EMULATOR_BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none",
                  "bug-bilinear")
 # The old names of nll-none-backward and mul-bool (opt-in bugs once): still accepted, not listed

@@ -43,6 +43,9 @@ can be tested against them:
   wheel segfaults on it); at the front (``x[:, :0]``) it works.
 * ``cat-empty``: ``torch.cat`` with an empty operand (``(3, 0)`` beside ``(3, 4)``) raises
   ``Unknown error -2147024809``.
+* ``inplace-alias``: a float32 in-place or ``out=`` add/sub whose ``other`` shares memory with
+  the tensor written drops alpha and the sign: self is copied into it, then other added (``x -=
+  x`` gives 2x, ``torch.sub(y, x, out=x)`` 2y; ``x.sub_(x[0])``, which torch refuses, x + x[0]).
 * ``readback-gil`` lives in ``_guard.cpp`` (a C++ kernel above autograd, where the GIL can be
   seen): a device tensor read back as one number with the GIL held raises (on the wheel it can
   deadlock: torch's argument parser reads ``torch.zeros(n, t.max())``'s size so).
@@ -405,6 +408,27 @@ def _sub_empty_gap(func, plan, args, kwargs):
     return out
 
 
+def _inplace_alias_gap(func, plan, args, kwargs):
+    # add_/sub_(self, other, alpha) and add.out/sub.out(self, other, alpha, out): float32,
+    # ``other`` sharing memory with the tensor written: that tensor gets self + other
+    written = kwargs["out"] if "out" in kwargs else args[0]
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if written.dtype is torch.float32 and isinstance(other, EmuTensor) \
+            and isinstance(written, EmuTensor) and _same_memory(written, other):
+        # as the wheel does it: self copied into the tensor written, then other (read after the
+        # copy) added, alpha and the sign dropped: x - x gives 2x in place, and
+        # ``torch.sub(y, x, out=x)`` gives 2y
+        if written is not args[0]:
+            written._elem.copy_(args[0]._elem)
+        written._elem.copy_(written._elem + other._elem)
+        return written
+    return run_on_cpu(func, plan, args, kwargs)
+
+
+def _same_memory(a: EmuTensor, b: EmuTensor) -> bool:
+    return a._elem.untyped_storage().data_ptr() == b._elem.untyped_storage().data_ptr()
+
+
 def _rsub_gap(func, plan, args, kwargs):
     # rsub(self, other, alpha): a float number (or its float64 wrapped scalar) is refused
     other = args[1] if len(args) > 1 else kwargs["other"]
@@ -571,6 +595,10 @@ BUGS.update({
     "aten::flip": ("flip_negative_dims", _flip_gap),
     "aten::flip.out": ("flip_negative_dims", _flip_gap),
     "aten::sub.Tensor": ("sub_empty", _sub_empty_gap),
+    "aten::add_.Tensor": ("inplace_alias", _inplace_alias_gap),
+    "aten::sub_.Tensor": ("inplace_alias", _inplace_alias_gap),
+    "aten::add.out": ("inplace_alias", _inplace_alias_gap),
+    "aten::sub.out": ("inplace_alias", _inplace_alias_gap),
     "aten::slice.Tensor": ("slice_empty", _slice_gap),
     "aten::cat": ("cat_empty", _cat_empty_gap),
     "aten::cat.out": ("cat_empty", _cat_empty_gap),

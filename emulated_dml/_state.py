@@ -21,7 +21,7 @@ GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "e
         "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
         "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
         "non-blocking-to-host", "sub-empty", "gather-empty", "readback-gil",
-        "cat-empty", "slice-empty")
+        "cat-empty", "slice-empty", "inplace-alias")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
@@ -79,6 +79,7 @@ class _State:
     gather_empty: bool = True
     cat_empty: bool = True
     slice_empty: bool = True
+    inplace_alias: bool = True
     readback_gil: bool = True  # modelled in _guard.cpp (pushed there by _sync_registrations)
     bug_bn_stats: bool = False
     bug_nll_ignore: bool = False

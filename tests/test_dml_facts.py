@@ -277,6 +277,33 @@ def sub_empty():
     return {"sub": enc(z), "grad": enc(yi.grad), "broadcast": enc(xi.detach() - torch.ones(1, 3).to(dev)),
             "in_place": enc(inplace), "values": enc(torch.arange(3.0).to(dev) - torch.ones(3).to(dev))}
 case("sub_empty", sub_empty)
+def inplace_alias():
+    # float32 add/sub written into a tensor that shares the other operand's memory (HF
+    # Trainer's tr_loss -= tr_loss); distinct operands and float16 are right on the wheel
+    def x():
+        return torch.tensor([1.0, 2.0, 3.0, 4.0]).to(dev)
+    a = x(); a -= a
+    b = x(); b.sub_(b.detach(), alpha=2)
+    c = x(); c.add_(c, alpha=-1)
+    d = x(); d.sub_(d.view(4))
+    e = x(); torch.sub(x() * 10, e, out=e)
+    f = x(); f.add_(x(), alpha=-1)
+    g = x().half(); g -= g
+    xi = leaf(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    y = xi * 3
+    y -= y.detach()
+    (y * torch.arange(4.0).to(dev)).sum().backward()
+    overlap = x()
+    try:
+        overlap.sub_(overlap[0])
+        refused = enc(overlap)
+    except RuntimeError as err:
+        refused = str(err).split(".")[0]
+    return {"isub_self": enc(a), "sub_detach_alpha": enc(b), "add_self_alpha": enc(c),
+            "sub_view": enc(d), "sub_out_other": enc(e), "add_distinct_alpha": enc(f),
+            "half_self": enc(g), "grad_out": enc(y), "grad": enc(xi.grad),
+            "partial_overlap": refused}
+case("inplace_alias", inplace_alias)
 def gather_empty():
     xi = leaf(torch.randn(3, 16))
     y = torch.log_softmax(xi, 1).gather(1, torch.zeros(3, 0, dtype=torch.long).to(dev))
@@ -461,7 +488,8 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "max_pool_indices", "max_unpool", "scatter_full", "ce_ignore", "bilinear",
              "scatter_based", "scatter_add", "gather_scatter_negative",
              "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty",
-             "sub_empty", "gather_empty", "readback_gil", "cat_empty", "slice_empty"]
+             "sub_empty", "gather_empty", "readback_gil", "cat_empty", "slice_empty",
+             "inplace_alias"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
@@ -551,6 +579,14 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     assert "partially modified dimensions" in wheel["gather_scatter_negative"]["error"]
     assert not close(wheel["gather_negative_forward"], cpu["gather_negative_forward"])
     assert wheel["sub_empty"]["sub"]["shape"] == [0, 0]
+    # alpha and the sign dropped: x + other in place, self copied in first with out=
+    alias = wheel["inplace_alias"]
+    for form in ("isub_self", "sub_detach_alpha", "add_self_alpha", "sub_view"):
+        assert alias[form]["values"] == [2.0, 4.0, 6.0, 8.0], (form, alias)
+    assert alias["sub_out_other"]["values"] == [20.0, 40.0, 60.0, 80.0], alias
+    assert alias["partial_overlap"]["values"] == [2.0, 3.0, 4.0, 5.0], alias
+    assert alias["add_distinct_alpha"] == cpu["inplace_alias"]["add_distinct_alpha"]
+    assert alias["half_self"] == cpu["inplace_alias"]["half_self"]
     assert wheel["gather_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
     assert wheel["split_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
     assert wheel["cat_empty"] == {"error": "RuntimeError: Unknown error -2147024809"}
@@ -577,6 +613,9 @@ def test_guard_counters(runs):
     assert notes["guard.rsub_number"] == 4 and notes["guard.split_empty"] == 2
     assert notes["guard.non_blocking_to_host"] == 2 and notes["guard.sub_empty"] == 3
     assert notes["guard.cat_empty"] == 5 and notes["guard.slice_empty"] >= 5
+    # (isub_self, sub_detach_alpha, add_self_alpha, sub_view, sub_out_other, y -= y.detach(),
+    # the fresh pair of add_distinct_alpha at equal versions, and the partial overlap refused)
+    assert notes["guard.inplace_alias"] == 8
     assert "guard.readback_gil" not in notes  # every item() takes it: not a summary line
 
 

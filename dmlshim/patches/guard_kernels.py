@@ -111,6 +111,7 @@ _MUL = torch._C._VariableFunctions.mul
 _MUL_ = torch._C.TensorBase.mul_
 _TO = torch._C.TensorBase.to
 _BOOL = torch.bool
+_F32 = torch.float32
 
 
 def mul_tensor(self, other) -> Tensor:
@@ -699,8 +700,66 @@ def sub__tensor(self: Tensor, other, alpha=1) -> Tensor:
     if self.numel() == 0 and self.dtype is not _BOOL:
         events.note("guard.sub_empty")
         return self
+    # (inplace_alias, below: the same kernel, as the dispatcher has one per op and key)
+    if self.dtype is _F32 and isinstance(other, Tensor) and not other.is_cpu \
+            and (other is self or other._version == self._version):
+        return _written_through_a_copy(self, _SUB, self, other, alpha)
     with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
         return _SUB_(self, other, alpha=alpha)
+
+
+# -- add/sub written into a tensor that shares the other operand's memory -----------------------
+# The wheel's float32 in-place and out= add/sub, when ``other`` shares memory with the tensor
+# written (``x -= x``, ``x.sub_(x.detach())``, ``x.add_(x, alpha=-1)``, ``torch.sub(y, x,
+# out=x)``), drop alpha and the sign: the written tensor gets self + other (``x -= x`` gives
+# 2x: Hugging Face Trainer's ``tr_loss -= tr_loss`` makes every logged loss wrong). Out of
+# place, or with distinct operands, it is right; float16 and integers are right. Where torch
+# refuses a partial overlap (``x.sub_(x[0])``) the wheel returns numbers.
+# A device tensor has no storage to compare, but tensors sharing memory (views, detach, .data)
+# share one version counter: equal versions are the cheap test (a fresh pair at version 0
+# passes it too, and then pays one copy more, with the right result). There the result is
+# computed out of place and copied in (autograd records both); anything else goes to the
+# wheel's own kernel. sub_ is on this path above; add_ is wrong only with an alpha, which
+# Python code alone passes (Tensor.add_: dmlshim.patches.guards wraps the method, so that
+# ``out += identity`` and the add_ calls of foreach ops and gradient accumulation, made with
+# alpha 1 and right on the wheel, stay off Python).
+
+OVERLAP_MESSAGE = ("unsupported operation: some elements of the input tensor and the written-to "
+                   "tensor refer to a single memory location. Please clone() the tensor before "
+                   "performing the operation.")
+
+
+def _written_through_a_copy(written: Tensor, op, self: Tensor, other: Tensor, alpha) -> Tensor:
+    events.note("guard.inplace_alias")
+    if other.shape != written.shape and (other._base is not None or written._base is not None) \
+            and (other if other._base is None else other._base) \
+            is (written if written._base is None else written._base):
+        # a view of the same tensor, of another shape: torch's partial-overlap error (an equal
+        # shape may be the same elements or not: the wheel's views do not say where they start)
+        raise RuntimeError(OVERLAP_MESSAGE)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return _COPY_(written, op(self, other, alpha=alpha))
+
+
+def _out_form(self: Tensor, other, *, alpha=1, out: Tensor, op) -> Tensor:
+    if out.dtype is _F32 and isinstance(other, Tensor) and not other.is_cpu \
+            and (other is out or other._version == out._version) \
+            and out.shape == torch.broadcast_shapes(self.shape, other.shape):
+        return _written_through_a_copy(out, op, self, other, alpha)
+    # distinct operands: the wheel's out= kernel, reached as the caller's own call reaches it
+    # (unboxed, through torch's C function; never boxed, where it returns dangling tensors)
+    with _EXCLUDE(_NOT_HERE), _INCLUDE(_OTHER):
+        return op(self, other, alpha=alpha, out=out)
+
+
+add_out = functools.partial(_out_form, op=_ADD)
+sub_out = functools.partial(_out_form, op=_SUB)
+
+
+def add_alias(self: Tensor, other, alpha) -> Tensor:
+    """``self.add_(other, alpha=alpha)`` where ``other`` may share ``self``'s memory: the
+    result computed out of place and copied in (Tensor.add_'s wrapper calls it)."""
+    return _written_through_a_copy(self, _ADD, self, other, alpha)
 
 
 # -- split / chunk of an empty tensor: E_INVALIDARG ----------------------------------------------
@@ -924,6 +983,9 @@ KERNEL_GUARDS = {
                                                    "rsub.Scalar": rsub_tensor}),
     "sub_empty": ("not reported", "sub of empty tensors gives the wrong shape ((0, 1) - (0, 1) "
                   "is (0, 0))", {"sub.Tensor": sub_tensor, "sub_.Tensor": sub__tensor}),
+    "inplace_alias": ("not reported", "float32 add/sub written into a tensor that shares "
+                      "memory with the other operand drop alpha and the sign (x -= x gives 2x)",
+                      {"sub_.Tensor": sub__tensor, "add.out": add_out, "sub.out": sub_out}),
     "split_empty": ("not reported", "split/chunk of an empty tensor raises E_INVALIDARG",
                     {"split.Tensor": split_tensor, "split_with_sizes": split_with_sizes}),
     "gather_scatter_dims": ("not reported", "gather with a negative dim gives wrong values; "
@@ -943,5 +1005,5 @@ KERNEL_KEYS: Dict[str, str] = {
                                     "layer_norm_nobias", "flip_dims", "bn_mixed_backward",
                                     "scatter_add", "gather_scatter_dims", "rsub_number",
                                     "split_empty", "sub_empty", "readback_gil", "cat_empty",
-                                    "slice_empty")}
+                                    "slice_empty", "inplace_alias")}
 KERNEL_KEYS.update({name: "PrivateUse1" for name in ("eye", "bilinear", "logsumexp")})

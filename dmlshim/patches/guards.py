@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from dmlshim import conversions, events
-from dmlshim.patches.guard_kernels import KERNEL_GUARDS, KERNEL_KEYS
+from dmlshim.patches.guard_kernels import KERNEL_GUARDS, KERNEL_KEYS, add_alias
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
@@ -71,7 +71,7 @@ def _bind(names: Tuple[str, ...], args: tuple, kwargs: Dict[str, Any]) -> Dict[s
 
 class GuardsPatch(Patch):
     name = "guards"
-    owns = (Owns("torch.nn.functional", ("batch_norm",)),)
+    owns = (Owns("torch.nn.functional", ("batch_norm",)), Owns("torch.Tensor", ("add_",)))
 
     def applies(self, caps) -> bool:
         return caps.directml
@@ -80,10 +80,13 @@ class GuardsPatch(Patch):
         self.active = active = active_guards(caps, config)
         for name in active:
             log.info("guard %s on (%s)", name, GUARDS[name])
-        kernels = [(op, fn, KERNEL_KEYS[name]) for name in active if name in KERNEL_GUARDS
-                   for op, fn in KERNEL_GUARDS[name][2].items()]
+        # (one kernel per op: guards that share an op list the same kernel, which does both)
+        kernels = {op: (fn, KERNEL_KEYS[name]) for name in active if name in KERNEL_GUARDS
+                   for op, fn in KERNEL_GUARDS[name][2].items()}
         if kernels:
-            self._register(kernels)
+            self._register([(op, fn, key) for op, (fn, key) in kernels.items()])
+        if "inplace_alias" in active:
+            self.wrap(torch.Tensor, "add_", _add_alpha_guard(caps.device_type))
         if "non_blocking_to_host" in active:
             device_type = caps.device_type
 
@@ -115,6 +118,26 @@ class GuardsPatch(Patch):
             warnings.simplefilter("ignore")
             for op, fn, key in kernels:
                 lib.impl(op, fn, key)
+
+
+def _add_alpha_guard(device_type: str):
+    """``Tensor.add_(other, alpha=a)``, a != 1, where ``other`` may share the tensor's memory
+    (guard_kernels: inplace_alias). The method, not the op: add_ with alpha 1 is right on the
+    wheel and is the one C++ callers make (``out += identity``, foreach ops, gradient
+    accumulation), which stay off Python; an alpha comes from Python code alone."""
+    f32 = torch.float32
+
+    def wrapper(wrapped, instance, args, kwargs):
+        alpha = kwargs.get("alpha", 1) if kwargs else 1
+        if alpha == 1 or instance.dtype is not f32 or instance.device.type != device_type:
+            return wrapped(*args, **kwargs)
+        other = args[0] if args else kwargs.get("other")
+        if isinstance(other, torch.Tensor) and not other.is_cpu \
+                and (other is instance or other._version == instance._version):
+            return add_alias(instance, other, alpha)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 def _bn_guard(device_type: str):

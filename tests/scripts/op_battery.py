@@ -31,6 +31,23 @@ def _pos(*shape: int) -> torch.Tensor:
     return torch.rand(*shape) + 0.1
 
 
+def _sub_self(a: torch.Tensor) -> torch.Tensor:
+    y = a * 1
+    y -= y  # Hugging Face Trainer's tr_loss -= tr_loss
+    return y + a
+
+
+def _add_detached_alpha(a: torch.Tensor) -> torch.Tensor:
+    y = a * 1
+    return y.add_(y.detach(), alpha=-0.5)
+
+
+def _sub_out_other(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():  # out= takes no autograd
+        y = a * 1
+        return torch.sub(b, y, out=y)
+
+
 def _cases() -> Dict[str, Case]:
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -51,6 +68,9 @@ def _cases() -> Dict[str, Case]:
         "mul": (lambda a, b: a * b, t(_r(4, 8), _r(4, 8))),
         "mul_bool_mask": (lambda a, m: a * m, t(_r(4, 8), mask)),
         "mul_bool_mask_inplace": (lambda a, m: a.clone().mul_(m), t(_r(4, 8), mask)),
+        "sub_self_inplace": (_sub_self, t(_r(4, 8))),
+        "add_detached_alpha": (_add_detached_alpha, t(_r(4, 8))),
+        "sub_out_other": (_sub_out_other, t(_r(4, 8), _r(4, 8))),
         "div": (lambda a, b: a / b, t(_r(4, 8), _pos(4, 8))),
         "pow_scalar": (lambda a: a.abs() ** 1.5, t(_r(4, 8))),
         "exp_log": (lambda a: torch.log(torch.exp(a) + 1), t(_r(4, 8))),
