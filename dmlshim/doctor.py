@@ -208,7 +208,7 @@ def main(cfg: cfgmod.Config) -> int:
     out.row("torch", f"{torch_version}, {torch_build}")
     dml_version, dml_pin = _directml_distribution()
     if dml_version is None:
-        out.row("torch_directml", "not installed (pip install \"dmlshim[directml]\")")
+        out.row("torch_directml", f"not installed ({targetmod.directml_install_hint()})")
     else:
         text = dml_version + (f", requires torch=={dml_pin}" if dml_pin else "")
         out.row("torch_directml", text)

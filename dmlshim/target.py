@@ -16,6 +16,8 @@ import importlib.util
 import json
 import logging
 import os
+import platform
+import struct
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -106,6 +108,31 @@ def directml_package_dir() -> Optional[str]:
     return list(spec.submodule_search_locations)[0]
 
 
+def directml_install_hint() -> str:
+    """How to get torch-directml into this environment, for this interpreter and machine.
+
+    dmlshim is not on the package index (``pip install "dmlshim[directml]"`` finds nothing): its
+    ``directml`` extra is installed from a checkout. The extra's marker skips torch-directml
+    where it has no wheel (64-bit CPython 3.8-3.11, Windows x64 and Linux x86-64 only), so
+    there the extra installs nothing and the remedy is another interpreter: the hint says so."""
+    checkout = 'from the dmlshim checkout, pip install -e ".[directml]"'
+    bits = struct.calcsize("P") * 8
+    if (platform.python_implementation() != "CPython" or sys.version_info >= (3, 12)
+            or bits != 64 or platform.machine().lower() not in ("amd64", "x86_64")
+            or not (sys.platform == "win32" or sys.platform.startswith("linux"))):
+        here = (f"{platform.python_implementation()} {platform.python_version()} ({bits}-bit) "
+                f"on {sys.platform} {platform.machine()}".rstrip())
+        return (f"torch-directml has no wheel for {here}: make a virtual environment of 64-bit "
+                f"CPython 3.9-3.11 on Windows x64 or Linux x86-64 and there, {checkout}")
+    return (f"{checkout}, or pip install torch-directml==0.2.5.dev240914 into an environment "
+            "with torch 2.4.1")
+
+
+def directml_missing_reason() -> str:
+    """The probe's reason when torch_directml cannot be found, with what to do about it."""
+    return f"torch_directml is not installed ({directml_install_hint()})"
+
+
 def _driver_present() -> bool:
     """Whether this machine has a DirectML driver (Windows, or WSL2's ``/dev/dxg``)."""
     return sys.platform == "win32" or (sys.platform.startswith("linux")
@@ -119,7 +146,7 @@ def cheap_directml_check() -> Optional[str]:
     if sys.platform != "win32" and not sys.platform.startswith("linux"):
         return f"torch_directml does not support {sys.platform}"
     if directml_package_dir() is None:
-        return "torch_directml is not installed (pip install dmlshim[directml])"
+        return directml_missing_reason()
     return None
 
 
@@ -182,7 +209,7 @@ def _cache(probe: DirectMLProbe) -> None:
 def _probe_in_subprocess() -> DirectMLProbe:
     present = _driver_present()
     if directml_package_dir() is None:
-        return DirectMLProbe(False, "torch_directml is not installed (pip install dmlshim[directml])")
+        return DirectMLProbe(False, directml_missing_reason())
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _PROBE_CODE], capture_output=True, text=True,

@@ -12,6 +12,8 @@ from helpers import clean_env, describe
 
 from dmlshim import config, doctor, doctor_step, target
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 @pytest.fixture(autouse=True)
 def fresh_probe(monkeypatch, tmp_path):
@@ -87,6 +89,54 @@ def test_requested_directml_without_adapter_fails_with_the_reason(capsys):
                        f"{target.probe_directml().reason}; use DMLSHIM_DEVICE=auto or cpu"]
     assert out.rstrip().splitlines()[-1].startswith("result: this setup cannot run")
     assert "training step:" not in out  # nothing to try
+
+
+def _directml_extra_pin() -> str:
+    """The torch-directml version pyproject.toml's ``directml`` extra installs."""
+    pyproject = open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8").read()
+    return re.search(r'^directml = \[\s*"torch-directml==([^;"]+)', pyproject, re.M).group(1)
+
+
+def test_missing_torch_directml_names_an_install_that_works(capsys, monkeypatch, tmp_path):
+    # dmlshim is not on the package index: `pip install "dmlshim[directml]"` finds nothing
+    # (README, Install). The doctor must name what does work: the checkout's extra, as README
+    # says, or the wheel itself at the extra's version.
+    monkeypatch.setattr(doctor, "_directml_distribution", lambda: (None, None))
+    monkeypatch.setattr(target, "directml_package_dir", lambda: None)
+    dxg = tmp_path / "dxg"  # a driver present: the reason is then the missing package
+    dxg.write_text("")
+    monkeypatch.setenv(target.DXG_PATH_ENV, str(dxg))
+    status, out = run_doctor(capsys, {"device": "dml"})
+    assert status == 1, out
+    hint = (f'from the dmlshim checkout, pip install -e ".[directml]", or pip install '
+            f"torch-directml=={_directml_extra_pin()} into an environment with torch 2.4.1")
+    assert f"  torch_directml:  not installed ({hint})\n" in out, out
+    assert (f"  usable:          no (torch_directml is not installed ({hint}); checked without "
+            "importing)\n") in out, out
+    assert f"no DirectML adapter is usable: torch_directml is not installed ({hint}); " in out
+    assert "dmlshim[directml]" not in out
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    install = readme.split("\n## Install", 1)[1].split("\n## ", 1)[0]
+    assert 'pip install -e ".[directml]"' in install and _directml_extra_pin() in install
+
+
+@pytest.mark.parametrize("machine, implementation", [("ARM64", "CPython"), ("AMD64", "PyPy")])
+def test_where_torch_directml_has_no_wheel_the_doctor_says_which_python_to_use(
+        capsys, monkeypatch, no_step, machine, implementation):
+    # There the checkout's extra installs nothing (its marker skips the wheel): repeating it
+    # would leave the user where they are.
+    import platform
+
+    monkeypatch.setattr(doctor, "_directml_distribution", lambda: (None, None))
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(platform, "python_implementation", lambda: implementation)
+    status, out = run_doctor(capsys, {"device": "cpu"})
+    row = next(line for line in out.splitlines() if line.startswith("  torch_directml:"))
+    assert row == (f"  torch_directml:  not installed (torch-directml has no wheel for "
+                   f"{implementation} {platform.python_version()} (64-bit) on {sys.platform} "
+                   f"{machine}: make a virtual environment of 64-bit CPython 3.9-3.11 on Windows "
+                   'x64 or Linux x86-64 and there, from the dmlshim checkout, pip install -e '
+                   '".[directml]")'), row
 
 
 def test_the_doctor_leaves_the_process_as_it_found_it(capsys):
