@@ -9,6 +9,13 @@ both. .ci/run runs the fast tier, then the rest, on each lane.
 
 ``--windows-python PATH``: the Windows lane (.ci/windows-lane): only tests/windows/ runs, on that
 Windows python.exe under wine; without it tests/windows/ is not collected.
+
+CUDA: hidden from the pytest process and every process a test starts (``CUDA_VISIBLE_DEVICES=""``
+from here on, before torch initialises CUDA; tests/helpers.py says why). The tests marked
+``cuda`` (tests/cuda/: dmlshim is inert on a real NVIDIA GPU) give their children the GPUs back;
+they run where torch sees a CUDA device and are deselected, with one line saying why, where it
+sees none. ``-m cuda`` asks for them: there, without CUDA, pytest stops with a usage error
+instead of passing on no test (docs/testing-on-cuda.md).
 """
 
 import os
@@ -17,7 +24,10 @@ os.environ["DMLSHIM_DISABLE"] = "1"
 
 import sys  # noqa: E402
 
+import helpers  # noqa: E402  (no torch: nothing has initialised CUDA yet)
 import pytest  # noqa: E402
+
+helpers.hide_cuda()
 
 TIERS = ("fast", "rest", "all")
 
@@ -140,9 +150,13 @@ def pytest_collection_modifyitems(config, items):
     tier = config.getoption("--tier")
     if config.getoption("--windows-python"):
         return  # tests/windows/ only (pytest_ignore_collect), every tier
+    cuda = helpers.cuda_state().get("present", False)
     keep, drop = [], []
     for item in items:
-        if item.get_closest_marker("real_d3d12") is not None and not real:
+        if item.get_closest_marker("cuda") is not None and not cuda:
+            drop.append(item)  # said once at the end (pytest_terminal_summary)
+            config.stash[CUDA_DESELECTED] += 1
+        elif item.get_closest_marker("real_d3d12") is not None and not real:
             drop.append(item)
         elif real and item.get_closest_marker("real_d3d12") is None \
                 and item.get_closest_marker("users_path") is None:
@@ -156,11 +170,40 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+CUDA_DESELECTED = pytest.StashKey[int]()
+
+
+def _asks_for_cuda(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` selects the tests marked cuda for that mark: it matches a test
+    marked cuda alone and not an unmarked one (``-m cuda``, ``-m "cuda or slow"``; not
+    ``-m "not users_path"``, which .ci/run passes)."""
+    if not markexpr:
+        return False
+    # pytest's own parser of -m (private, stable since pytest 6); the matcher takes the
+    # marker's keyword arguments since pytest 8.3
+    from _pytest.mark.expression import Expression
+
+    expr = Expression.compile(markexpr)
+    return expr.evaluate(lambda name, **_: name == "cuda") and not expr.evaluate(
+        lambda name, **_: False)
+
+
+def _configure_cuda(config) -> None:
+    config.stash[CUDA_DESELECTED] = 0
+    if config.getoption("--windows-python"):
+        return  # tests/windows/ only, on a host without torch
+    state = helpers.record_cuda_probe()
+    if not state["present"] and _asks_for_cuda(config.getoption("markexpr")):
+        # asked for by name: a run that passes on no test would read as "inert on CUDA: proved"
+        raise pytest.UsageError(
+            f"-m {config.getoption('markexpr')!r} asks for the tests marked cuda, which need a "
+            f"CUDA device torch can use, and {state['why']} (docs/testing-on-cuda.md)")
+
+
 def pytest_configure(config):
+    _configure_cuda(config)
     real = config.getoption("--real-d3d12")
     if real is not None:
-        import helpers
-
         if not os.path.isfile(real):
             raise pytest.UsageError(f"--real-d3d12 {real}: no such file")
         helpers.REAL_D3D12 = os.path.abspath(real)
@@ -170,6 +213,28 @@ def pytest_configure(config):
         import emulated_dml as emulator
 
         emulator.install_device_guard()
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its controller prints the line
+        workeroutput["cuda_deselected"] = session.config.stash.get(CUDA_DESELECTED, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    # xdist's controller collects nothing itself: each worker collected every test
+    seen = getattr(node, "workeroutput", {}).get("cuda_deselected", 0)
+    stash = node.config.stash
+    stash[CUDA_DESELECTED] = max(stash.get(CUDA_DESELECTED, 0), seen)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = config.stash.get(CUDA_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(
+            f"cuda: {count} tests marked cuda deselected: {helpers.cuda_state()['why']}; they "
+            f"run where torch sees a CUDA device (docs/testing-on-cuda.md)")
 
 
 @pytest.fixture

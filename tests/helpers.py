@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import os
 import re
 import signal
@@ -38,8 +39,10 @@ _CODING_RE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+")
 def clean_env(**extra: Optional[str]) -> Dict[str, str]:
     """A copy of ``os.environ`` without any ``DMLSHIM_*`` variable, with the repo first on
     ``PYTHONPATH`` (so ``dmlshim`` imports from any cwd), then ``extra`` applied (``None``
-    removes a variable)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
+    removes a variable). ``CUDA_VISIBLE_DEVICES`` is the suite's (``""``: no CUDA, see
+    :func:`hide_cuda`); :func:`cuda_visible` gives a child the GPUs back."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DMLSHIM_") and k != CUDA_SAVED}
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + old if old else "")
     for key, value in extra.items():
@@ -48,6 +51,89 @@ def clean_env(**extra: Optional[str]) -> Dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+# -- CUDA: hidden from the suite, given back to the tests marked cuda -------------------------
+#
+# The suite compares dmlshim's CPU and emulated targets with native runs of the same script,
+# which choose "cuda" when torch.cuda.is_available(): on a machine with an NVIDIA GPU those would
+# train on the GPU and every comparison would fail. So tests/conftest.py hides CUDA from the
+# pytest process (before torch initialises CUDA, which reads the variable once) and, through
+# os.environ, from every process a test starts; the tests marked cuda (tests/cuda/) give their
+# children the GPUs back with cuda_visible().
+
+# where the first pytest process keeps CUDA_VISIBLE_DEVICES as it was started with (JSON; xdist
+# workers inherit it) and, once probed, whether torch sees CUDA there; not a dmlshim variable
+CUDA_SAVED = "_DMLSHIM_TESTS_CUDA"
+
+
+def hide_cuda() -> None:
+    """``CUDA_VISIBLE_DEVICES=""`` for this process and its children, the value it had kept in
+    :data:`CUDA_SAVED` (an xdist worker, started with both, keeps its parent's)."""
+    if CUDA_SAVED not in os.environ:
+        os.environ[CUDA_SAVED] = json.dumps({"visible": os.environ.get("CUDA_VISIBLE_DEVICES")})
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def cuda_state() -> Dict[str, Any]:
+    """``{"visible": CUDA_VISIBLE_DEVICES as pytest was started with (None: unset)}``, plus
+    ``present`` and ``why`` once :func:`record_cuda_probe` ran."""
+    raw = os.environ.get(CUDA_SAVED)
+    return json.loads(raw) if raw else {"visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def cuda_visible(**extra: Optional[str]) -> Dict[str, Optional[str]]:
+    """``env=`` for a child that sees the GPUs (``CUDA_VISIBLE_DEVICES`` as pytest was started
+    with; None removes it again), plus ``extra``: for :func:`run_native`, :func:`run_shim`,
+    :func:`clean_env`."""
+    return {"CUDA_VISIBLE_DEVICES": cuda_state()["visible"], **extra}
+
+
+# Linux device nodes of the drivers torch's CUDA can run on (NVIDIA; WSL's GPU paravirtualisation;
+# ROCm, whose torch.cuda is HIP): without one, torch.cuda.is_available() is False, and asking a
+# child process would only cost a torch import
+_GPU_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+_CUDA_PROBE = ("import torch; print(int(torch.cuda.is_available()), torch.cuda.device_count(), "
+               "torch.__version__, torch.version.cuda or torch.version.hip)")
+
+
+def probe_cuda() -> Tuple[bool, str]:
+    """(whether torch sees a CUDA device with the GPUs given back, a line saying why), asked
+    of a child: this process must not initialise CUDA."""
+    import torch
+
+    version = torch.__version__
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return False, f"torch {version} is built without CUDA"
+    if sys.platform.startswith("linux") and not any(map(os.path.exists, _GPU_NODES)):
+        return False, f"no GPU driver here ({', '.join(_GPU_NODES)} absent)"
+    visible = cuda_state()["visible"]
+    shown = "unset" if visible is None else repr(visible)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CUDA_PROBE], capture_output=True, text=True,
+                              env=clean_env(**cuda_visible()), cwd=neutral_cwd(), timeout=300,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"asking torch {version} for CUDA devices took over 300 s"
+    words = proc.stdout.split()
+    if proc.returncode != 0 or len(words) != 4:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"asking torch {version} for CUDA devices failed: {last}"
+    available, count, _, runtime = words
+    if available != "1":
+        return False, (f"torch {version} (CUDA {runtime}) sees no CUDA device "
+                       f"(CUDA_VISIBLE_DEVICES {shown})")
+    return True, f"torch {version} (CUDA {runtime}) sees {count} CUDA device(s)"
+
+
+def record_cuda_probe() -> Dict[str, Any]:
+    """:func:`cuda_state` with ``present`` and ``why``: probed once, by the first pytest process,
+    whose xdist workers inherit the answer."""
+    state = cuda_state()
+    if "present" not in state:
+        state["present"], state["why"] = probe_cuda()
+        os.environ[CUDA_SAVED] = json.dumps(state)
+    return state
 
 
 class Python:
@@ -213,12 +299,13 @@ def run_wsl(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
 
 
 @functools.cache
-def _run_native_cached(path: str, args: Tuple[str, ...], env_items: Tuple[Tuple[str, str], ...],
+def _run_native_cached(path: str, args: Tuple[str, ...],
+                       env_items: Tuple[Tuple[str, Optional[str]], ...],
                        cwd: Optional[str], timeout: float) -> subprocess.CompletedProcess[str]:
     return _run([sys.executable, path, *args], clean_env(**dict(env_items)), cwd, timeout)
 
 
-def run_native(script: PathLike, *args: str, env: Optional[Mapping[str, str]] = None,
+def run_native(script: PathLike, *args: str, env: Optional[Mapping[str, Optional[str]]] = None,
                cwd: Optional[PathLike] = None, timeout: float = DEFAULT_TIMEOUT,
                cached: bool = True) -> subprocess.CompletedProcess[str]:
     """``python script args`` with no dmlshim at all. Runs once per test session for each
@@ -233,7 +320,8 @@ def run_native(script: PathLike, *args: str, env: Optional[Mapping[str, str]] = 
 
 
 def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: str = "runner",
-             options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None,
+             options: Optional[Mapping[str, Any]] = None,
+             env: Optional[Mapping[str, Optional[str]]] = None,
              cwd: Optional[PathLike] = None, timeout: float = DEFAULT_TIMEOUT,
              wsl: Union[int, str] = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``script`` under dmlshim.
@@ -241,8 +329,9 @@ def run_shim(script: PathLike, *args: str, device: Optional[str] = "cpu", via: s
     ``via="runner"``: ``python -m dmlshim script args``. ``via="import"``: a copy of the script,
     in a temporary directory, with ``import dmlshim`` as its first statement. Options travel in
     the environment: ``device`` -> ``DMLSHIM_DEVICE`` (``None``: leave unset, i.e. auto) and
-    each ``options`` entry -> ``DMLSHIM_<NAME>``; ``env`` adds more variables. Other keyword
-    arguments go to :func:`subprocess.run`. ``wsl=N``: inside the WSL harness with N adapters
+    each ``options`` entry -> ``DMLSHIM_<NAME>``; ``env`` adds more variables (None removes one:
+    :func:`cuda_visible`). Other keyword arguments go to :func:`subprocess.run`. ``wsl=N``:
+    inside the WSL harness with N adapters
     (:func:`on_users_path`; with ``device=None`` that is the users' path); ``wsl="real"``: on
     the real wheel and D3D12 library of the real-wheel lane (:func:`on_real_wheel`;
     ``"real:N"``: N adapters).

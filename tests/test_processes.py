@@ -8,10 +8,13 @@ ask each child what CUDA looks like to it.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 
@@ -28,6 +31,7 @@ from tests.helpers import (
 
 CHILDREN = CORPUS / "dist" / "children.py"
 TIMEOUT = 240
+STARTUP_PTH = "dmlshim-startup.pth"  # setup.py's startup hook
 
 
 def _probe_lines(stdout: str) -> dict:
@@ -405,19 +409,56 @@ def test_a_users_sitecustomize_runs_once_in_a_runner_started_by_a_shimmed_proces
         assert log.read_text().splitlines() == ["['script.py']"], args
 
 
+def _environment_with_the_hook(root: Path) -> Tuple[Path, Path]:
+    """A virtual environment in ``root`` holding this checkout as ``pip install -e .`` installs
+    it: the startup hook (dmlshim-startup.pth, byte for byte), a path entry to the checkout and
+    the ``dmlshim`` console script in pip's form; this interpreter's packages (wrapt) on a path
+    entry too, without their .pth files (an installed dmlshim's hook among them).
+    -> (its python, its console script)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True,
+                   capture_output=True, timeout=TIMEOUT)
+    bindir = root / ("Scripts" if os.name == "nt" else "bin")
+    python = bindir / Path(sys.executable).name
+    site_dir = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True, timeout=TIMEOUT).stdout.strip())
+    shutil.copyfile(REPO / STARTUP_PTH, site_dir / STARTUP_PTH)
+    ours = sysconfig.get_paths()
+    # "_" sorts before "d": on sys.path before the hook's line imports _dmlshim_startup, as an
+    # editable install's own __editable__ .pth is
+    (site_dir / "_dmlshim_checkout.pth").write_text(
+        "\n".join(dict.fromkeys([str(REPO), ours["purelib"], ours["platlib"]])) + "\n")
+    console = bindir / "dmlshim"
+    console.write_text(f"#!{python}\nimport re\nimport sys\nfrom dmlshim.__main__ import main\n"
+                       "if __name__ == '__main__':\n"
+                       "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+                       "    sys.exit(main())\n")
+    console.chmod(0o755)
+    return python, console
+
+
 def test_a_users_sitecustomize_runs_once_under_the_runner_and_its_console_script(tmp_path):
     """``python -m dmlshim`` (and ``dmlshim``) is two interpreters where python is one: the
     startup hook (dmlshim-startup.pth, installed with the package) keeps the runner's own from
-    running the user's sitecustomize, so it runs once, in the script's, as with python."""
-    import sysconfig
+    running the user's sitecustomize, so it runs once, in the script's, as with python.
 
-    hook = Path(sysconfig.get_paths()["purelib"]) / "dmlshim-startup.pth"
-    assert hook.is_file(), f"{hook} is missing: install dmlshim (pip install -e .) to test it"
+    The hook works only where pip puts it, beside the packages (python reads .pth files there,
+    not on PYTHONPATH; from a checkout on PYTHONPATH without an install the runner's interpreter
+    runs the user's sitecustomize too, and there is no console script). So the runs go through
+    an environment holding this checkout's hook as pip installs it, which a bare checkout can
+    make too; where dmlshim is installed in this interpreter (README's set-up), its hook must be
+    there, the checkout's file."""
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    installed = sorted(purelib.glob("dmlshim-*.dist-info"))
+    if installed:  # setup.py installs the hook with the package (pip install . and -e .)
+        hook = purelib / STARTUP_PTH
+        assert hook.is_file(), f"{hook} is missing beside {installed[0].name}"
+        assert hook.read_bytes() == (REPO / STARTUP_PTH).read_bytes(), hook
+    python, console = _environment_with_the_hook(tmp_path / "env")
     site, log = sitecustomize_logger(tmp_path)
     env = clean_env(DMLSHIM_DEVICE="cpu", PYTHONPATH=str(site))
-    console = Path(sys.executable).with_name("dmlshim.exe" if os.name == "nt" else "dmlshim")
-    runs = {"python": [sys.executable, "script.py"],
-            "runner": [sys.executable, "-m", "dmlshim", "script.py"],
+    runs = {"python": [str(python), "script.py"],
+            "runner": [str(python), "-m", "dmlshim", "script.py"],
             "console script": [str(console), "script.py"]}
     for name, cmd in runs.items():
         log.write_text("")
