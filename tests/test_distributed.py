@@ -275,6 +275,7 @@ def test_uninstall_restores_every_distributed_attribute(shim):
     before = {(o.__name__, n): getattr(o, n) for o in (dist, c10d) for n in names}
     ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
     dp_init = torch.nn.DataParallel.__init__
+    store_init = vars(dist.TCPStore)["__init__"]
     registry = (list(Backend.backend_list), dict(Backend.default_device_backend_map),
                 dict(Backend.backend_capability), dict(Backend._plugins))
     shim(device="emulated-dml")
@@ -284,9 +285,66 @@ def test_uninstall_restores_every_distributed_attribute(shim):
         assert getattr(sys.modules[owner], name) is value, name
     assert torch.nn.parallel.DistributedDataParallel.__init__ is ddp_init
     assert torch.nn.DataParallel.__init__ is dp_init
+    assert vars(dist.TCPStore)["__init__"] is store_init
     assert (list(Backend.backend_list), dict(Backend.default_device_backend_map),
             dict(Backend.backend_capability), dict(Backend._plugins)) == registry
     assert not hasattr(Backend, "DMLSHIM")
+
+
+# -- TCPStore: libuv where torch has it -----------------------------------------------------
+# torch 2.4's Windows wheels lack the libuv backend every launcher's store asks for; there the
+# shim gives the stores the socket backend (tests/windows/test_windows_distributed.py). Linux
+# torch has libuv: the stores must stay exactly as asked.
+
+_STORES = """
+import datetime, sys
+import torch.distributed as dist
+if sys.argv[1:] == ["shim"]:
+    import dmlshim
+    dmlshim.install(device="cpu")
+kinds = []
+for kw in ({}, {"use_libuv": True}, {"use_libuv": False}):
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False, **kw)
+    store.set("k", "v")
+    kinds.append((store.libuvBackend, store.get("k").decode()))
+positional = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=30), False,
+                           False, None, False)
+kinds.append((positional.libuvBackend, None))
+print(kinds)
+if sys.argv[1:] == ["shim"]:
+    from dmlshim import events
+    from dmlshim.patches import _store
+    print(_store.has_libuv(), dict(events.summary_dict()["api_counts"]).get("TCPStore(use_libuv)"))
+"""
+
+
+def test_tcpstores_keep_libuv_where_torch_has_it(tmp_path):
+    script = tmp_path / "stores.py"
+    script.write_text(_STORES)
+    native = run_native(str(script), cwd=tmp_path)
+    assert native.returncode == 0, describe(native)
+    assert native.stdout.splitlines() == [
+        "[(True, 'v'), (True, 'v'), (False, 'v'), (False, None)]"], describe(native)
+    shimmed = run_native(str(script), "shim", cwd=tmp_path)
+    assert shimmed.returncode == 0, describe(shimmed)
+    # the same backends, the answer remembered, no request changed
+    assert shimmed.stdout.splitlines() == native.stdout.splitlines() + ["True None"], \
+        describe(shimmed)
+
+
+@pytest.mark.parametrize("args, kwargs, asks", [
+    (("h", 1), {}, True),
+    (("h", 1), {"use_libuv": False}, False),
+    (("h", 1, 2, True, None, True, False, None, False), {}, False),
+    (("h", 1, 2, True, None, True, False, None, True), {}, True),
+])
+def test_a_libuv_request_is_read_and_dropped_where_it_was_made(args, kwargs, asks):
+    from dmlshim.patches import _store
+
+    assert _store._asks_for_libuv(args, kwargs) is asks
+    new_args, new_kwargs = _store._without_libuv(args, kwargs)
+    assert not _store._asks_for_libuv(new_args, new_kwargs)
+    assert len(new_args) == len(args) and new_args[:8] == args[:8]
 
 
 # -- torchrun and mp.spawn, 2 processes ---------------------------------------------------

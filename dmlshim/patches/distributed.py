@@ -18,6 +18,8 @@ torch's own code keeps seeing the truth (``called_from_torch``): the group is a 
   :class:`dmlshim.patches._ddp_device.DeviceDistributedDataParallel` (a subclass of torch's DDP
   that all-reduces gradients through the host), unless ``DMLSHIM_GUARDS=off``.
 * ``nn.DataParallel`` on DirectML runs the module on one adapter (see :func:`_data_parallel_init`).
+* ``TCPStore`` on a torch built without libuv (torch 2.4's Windows wheels): the stores torch's
+  launchers and ``env://`` ask for use the backend the build has (:mod:`dmlshim.patches._store`).
 """
 
 from __future__ import annotations
@@ -230,6 +232,7 @@ class DistributedPatch(Patch):
             Owns("torch.distributed.distributed_c10d", ("init_process_group", "new_group",
                                                         "get_backend", "is_nccl_available",
                                                         "is_backend_available")),
+            Owns("torch.distributed.TCPStore", ("__init__",)),
             Owns("torch.nn.parallel.DistributedDataParallel", ("__init__",)),
             Owns("torch.nn.DataParallel", ("__init__",)))
 
@@ -246,6 +249,7 @@ class DistributedPatch(Patch):
             self._register_staging_backend()
         self._install_init(caps, c10d)
         self._install_answers(c10d)
+        self._install_store()
         self._install_ddp(caps, config)
         if caps.directml:
             self._install_data_parallel()
@@ -355,6 +359,14 @@ class DistributedPatch(Patch):
             self.wrap(owner, "is_nccl_available", nccl_available)
             if hasattr(owner, "is_backend_available"):
                 self.wrap(owner, "is_backend_available", backend_available)
+
+    # -- the rendezvous store -----------------------------------------------------------------
+    def _install_store(self) -> None:
+        # torch 2.4's launchers ask every TCPStore for libuv, which its Windows wheels lack:
+        # there (only there: the store itself says so) they get the backend the build has
+        from dmlshim.patches._store import tcpstore_init
+
+        self.wrap(dist.TCPStore, "__init__", tcpstore_init)
 
     # -- DistributedDataParallel(device_ids=[local_rank], output_device=local_rank) ----------
     def _install_ddp(self, caps, config) -> None:
