@@ -98,6 +98,22 @@ def _utc(ts: float) -> str:
         timespec="seconds").replace("+00:00", "Z")
 
 
+# Windows python's exit status after an uncaught KeyboardInterrupt (Ctrl-C)
+STATUS_CONTROL_C_EXIT = 0xC000013A
+
+
+def interrupted_exit_code(os_name: str = os.name) -> int:
+    """The exit status, as a shell shows it, of a python that ends on an uncaught
+    KeyboardInterrupt: POSIX python kills itself with SIGINT, which a shell shows as 128 + 2;
+    Windows python exits with STATUS_CONTROL_C_EXIT, which cmd's %ERRORLEVEL% and PowerShell's
+    $LASTEXITCODE show as the signed number -1073741510 (the form the runner exits with)."""
+    if os_name == "nt":
+        from dmlshim.runner import windows_exit_status
+
+        return windows_exit_status(STATUS_CONTROL_C_EXIT)
+    return 130
+
+
 def _exit_code(code: Any) -> int:
     if code is None:
         return 0
@@ -274,7 +290,7 @@ class DiagnosticsPatch(Patch):
         etype = args[0] if args else kwargs.get("exctype")
         value = args[1] if len(args) > 1 else kwargs.get("value")
         if isinstance(etype, type) and issubclass(etype, KeyboardInterrupt):
-            self._how, self._exit_code = "interrupted", 130
+            self._how, self._exit_code = "interrupted", interrupted_exit_code()
             self._exception = "KeyboardInterrupt"
         elif isinstance(etype, type) and not issubclass(etype, SystemExit):
             self._how, self._exit_code = "exception", 1
