@@ -115,8 +115,9 @@ def call_at_callers_line(fn: Callable[..., Any], args: Sequence[Any],
     ``stacklevel=2`` (torch 2.4's ``torch.load`` FutureWarning about ``weights_only``) names
     its caller's line: with a wrapper between them, that would be dmlshim's. From this frame
     (the caller's file, line, function name and module globals: the module its filters match
-    and its warning registry) the warning reads as it does without dmlshim. A traceback
-    through the call shows that frame once more. For APIs called rarely (a code and a function
+    and its warning registry) the warning reads as it does without dmlshim. An exception
+    raised through the call leaves that frame out of its traceback, which would otherwise
+    print the caller's line a second time. For APIs called rarely (a code and a function
     object per call, a few microseconds).
     """
     frame = sys._getframe(1)
@@ -126,7 +127,17 @@ def call_at_callers_line(fn: Callable[..., Any], args: Sequence[Any],
         return fn(*args, **kwargs)
     code = _TRAMPOLINE.replace(co_filename=frame.f_code.co_filename,
                                co_name=frame.f_code.co_name, co_firstlineno=frame.f_lineno)
-    return FunctionType(code, frame.f_globals)(fn, args, kwargs)
+    try:
+        return FunctionType(code, frame.f_globals)(fn, args, kwargs)
+    except BaseException as err:
+        # The traceback runs this frame -> the trampoline -> fn's frames. Unlinking the
+        # trampoline (tb_next is writable) leaves the caller's line printed once, where the
+        # caller's own frame stands; a bare raise re-raises this same traceback object on
+        # every Python, and adds no entry for this frame a second time.
+        here = err.__traceback__
+        if here is not None and here.tb_next is not None and here.tb_next.tb_frame.f_code is code:
+            here.tb_next = here.tb_next.tb_next
+        raise
 
 
 class Reentry(threading.local):

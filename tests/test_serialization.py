@@ -10,10 +10,12 @@ host copy torch writes for every device).
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 import subprocess
 import sys
+import traceback
 import warnings
 import zipfile
 
@@ -375,6 +377,25 @@ def test_a_wrapped_apis_stacklevel_2_warning_names_the_callers_line():
     assert sites["direct"] == [("<string>", 2, "from the api")]  # what the helper fixes
 
 
+def test_a_traceback_through_call_at_callers_line_names_the_callers_line_once():
+    # the frame that stands at the caller's line for warnings must not print as a second copy
+    # of the caller in a traceback; the wrapped API's own frames stay
+    def api():
+        raise ValueError("from the api")
+
+    namespace = {"__name__": "dmlshim._a_wrapper", "api": api,
+                 "call_at_callers_line": patching.call_at_callers_line}
+    exec("def wrapper():\n    return call_at_callers_line(api, (), {})\n", namespace)  # noqa: S102
+    with pytest.raises(ValueError) as caught:
+        line = sys._getframe().f_lineno + 1
+        namespace["wrapper"]()
+    here = sys._getframe().f_code.co_name
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(caught.value.__traceback__)]
+    assert frames == [(__file__, line, here), ("<string>", 2, "wrapper"),
+                      (patching.__file__, frames[2][1], "call_at_callers_line"),
+                      (__file__, api.__code__.co_firstlineno + 1, "api")], frames
+
+
 LOADING_SCRIPT = """\
 import os, tempfile, torch
 path = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
@@ -382,22 +403,95 @@ torch.save({"w": torch.ones(3)}, path)
 state = torch.load(path)
 print("loaded", state["w"].sum().item())
 """
+LOADING_LINE = 4  # the torch.load line above
+
+# The warning torch.load gives its caller (stacklevel=2) without weights_only, by torch version:
+# 2.4 and 2.5 warn that weights_only=False is the default (a FutureWarning on every load);
+# from 2.6 on the default is True and plain loads are silent, but TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD
+# (set for these runs; the older versions ignore it) makes it warn that it forced False.
+_OLD_DEFAULT = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6)
+LOAD_WARNING = ("FutureWarning", "weights_only=False") if _OLD_DEFAULT else \
+    ("UserWarning", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
 
 
 @pytest.mark.parametrize("device", ["cpu", "emulated-dml"])
 def test_torch_load_warns_at_the_users_line_as_without_the_shim(device, tmp_path):
-    # torch 2.4.1 (DirectML's torch) warns on every torch.load without weights_only; newer
-    # torch does not warn, and the streams must match all the same
     script = tmp_path / "load_it.py"
     script.write_text(LOADING_SCRIPT, encoding="utf-8")
-    native = run_native(script, cached=False)
-    shimmed = run_shim(script, device=device)
+    env = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    native = run_native(script, env=env, cached=False)
+    shimmed = run_shim(script, device=device, env=env)
     assert native.returncode == shimmed.returncode == 0, describe(shimmed)
     assert shimmed.stdout == native.stdout == "loaded 3.0\n", describe(shimmed)
-    assert _warning_sites(shimmed.stderr) == _warning_sites(native.stderr), describe(shimmed)
+    category, words = LOAD_WARNING
+    sites = _warning_sites(native.stderr)
+    assert len(sites) == 1, describe(native)  # torch warned, once, at the user's line
+    assert sites[0].startswith(f"{script}:{LOADING_LINE}: {category}: ") and words in sites[0], \
+        describe(native)
+    assert _warning_sites(shimmed.stderr) == sites, describe(shimmed)
 
 
 def _warning_sites(stderr: str):
     """The ``file:line: Category: message`` lines of Python's warnings (the emulator's build
     prints a line of its own)."""
     return [line for line in stderr.splitlines() if re.match(r"\S.*:\d+: \w*Warning: ", line)]
+
+
+# -- the user's frames in a traceback through a wrapped API -----------------------------------
+
+RAISING_SCRIPT = """\
+import sys, torch
+
+
+def resume(path):
+    return torch.load(path, map_location="cuda")
+
+
+resume(sys.argv[1])
+"""
+
+
+def _frames_outside(stderr: str, *packages: str):
+    """The traceback's ``File "...", line N, in NAME`` entries (with the source line printed
+    under each) that lie outside ``packages``' folders: the script's own."""
+    folders = tuple(os.path.dirname(os.path.abspath(p.__file__)) + os.sep for p in packages)
+    lines = stderr.splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        m = re.match(r'  File "(.*)", line (\d+), in (.*)$', line)
+        if m and not os.path.abspath(m.group(1)).startswith(folders):
+            frames.append((m.group(1), int(m.group(2)), m.group(3), lines[i + 1].strip()))
+    return frames
+
+
+@pytest.mark.parametrize("checkpoint, device", [("missing", "cpu"), ("corrupt", "emulated-dml")])
+def test_an_error_inside_torch_load_shows_the_users_frames_as_without_the_shim(
+        checkpoint, device, tmp_path):
+    # call_at_callers_line calls torch.load from a frame standing at the user's line (for
+    # torch's warnings); a traceback printing that frame would show the user's line twice.
+    # Both paths of the wrapper: the CPU target's, and DirectML's (storages read to the host)
+    script = tmp_path / "resume.py"
+    script.write_text(RAISING_SCRIPT, encoding="utf-8")
+    path = tmp_path / "ckpt.pt"
+    if checkpoint == "corrupt":
+        path.write_bytes(b"not a checkpoint")
+    native = run_native(script, str(path), cached=False)
+    shimmed = run_shim(script, str(path), device=device)
+    assert native.returncode == shimmed.returncode == 1, describe(shimmed)
+    frames = _frames_outside(native.stderr, torch, dmlshim)
+    assert frames == [(str(script), 8, "<module>", "resume(sys.argv[1])"),
+                      (str(script), 5, "resume",
+                       'return torch.load(path, map_location="cuda")')], describe(native)
+    assert _frames_outside(shimmed.stderr, torch, dmlshim) == frames, describe(shimmed)
+    error = _error_text(native.stderr)
+    assert error.startswith(("FileNotFoundError: ", "_pickle.UnpicklingError: ")), describe(native)
+    assert _error_text(shimmed.stderr) == error, describe(shimmed)
+
+
+def _error_text(stderr: str) -> str:
+    """The exception's own lines, after its traceback (torch's can be several)."""
+    lines = stderr.splitlines()
+    first = lines.index("Traceback (most recent call last):") + 1
+    while lines[first].startswith(" "):
+        first += 1
+    return "\n".join(lines[first:]).rstrip()
