@@ -408,12 +408,15 @@ def first_difference(got: Sequence[float], expected: Sequence[float]) -> str:
 def sitecustomize_logger(tmp_path: Path, log_path=str) -> Tuple[Path, Path]:
     """A user's ``sitecustomize`` in ``tmp_path/site`` that appends its process's ``sys.argv``
     to ``tmp_path/ran.txt`` (named in it by ``log_path``: a Windows path under wine), and
-    ``tmp_path/script.py``, which prints ``script``: how many times it ran, and where."""
+    ``tmp_path/script.py``, which prints ``script``: how many times it ran, and where. The
+    script never imports ``sitecustomize`` itself: every line of the log is a run that Python's
+    own start-up (:mod:`site`, or dmlshim's bootstrap chaining the one it shadows) made, so a
+    process that skipped it leaves no line instead of one the script's import would write."""
     site = tmp_path / "site"
     site.mkdir()
     log = tmp_path / "ran.txt"
     (site / "sitecustomize.py").write_text(
         f"import sys\nwith open({log_path(log)!r}, 'a') as f:\n"
         "    f.write(repr(sys.argv) + '\\n')\n")
-    (tmp_path / "script.py").write_text("import sitecustomize\nprint('script')\n")
+    (tmp_path / "script.py").write_text("print('script')\n")
     return site, log
