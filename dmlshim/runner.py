@@ -17,6 +17,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from dmlshim import config
+from dmlshim.exit_status import windows_exit_status
 
 USAGE = """usage: python -m dmlshim [options] [python options] script.py|dir|app.zip [args ...]
        python -m dmlshim [options] [python options] -m module [args ...]
@@ -228,16 +229,6 @@ def _run_as_child(argv: List[str], env: Dict[str, str]) -> int:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
-
-
-def windows_exit_status(code: int) -> int:
-    """A child's Windows exit status, as ``subprocess`` gives it (unsigned: an uncaught Ctrl-C is
-    0xC000013A, an access violation 0xC0000005), in the form ``sys.exit`` passes on unchanged.
-
-    ``sys.exit(n)`` hands n to C's ``exit(int)``: above 2**31-1 it exits 0xFFFFFFFF, so the
-    32 bits are read as the signed number python itself reports for them."""
-    code &= 0xFFFFFFFF
-    return code - (1 << 32) if code & 0x80000000 else code
 
 
 def main(argv: Optional[List[str]] = None) -> int:

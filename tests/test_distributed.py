@@ -312,9 +312,9 @@ positional = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=3
 kinds.append((positional.libuvBackend, None))
 print(kinds)
 if sys.argv[1:] == ["shim"]:
-    from dmlshim import events
-    from dmlshim.patches import _store
-    print(_store.has_libuv(), dict(events.summary_dict()["api_counts"]).get("TCPStore(use_libuv)"))
+    from dmlshim import current, events
+    print(current.session.patch("distributed").store_backend.has_libuv,
+          dict(events.summary_dict()["api_counts"]).get("TCPStore(use_libuv)"))
 """
 
 

@@ -49,7 +49,7 @@ def test_exit_status_is_the_scripts(code):
 def test_windows_child_status_is_passed_on_as_python_reports_it(unsigned, signed):
     # Windows' subprocess gives statuses unsigned; sys.exit() of one above 2**31-1 would exit
     # 0xFFFFFFFF. The signed form exits with the same 32 bits (the Windows lane runs it).
-    from dmlshim.runner import windows_exit_status
+    from dmlshim.exit_status import windows_exit_status
 
     assert windows_exit_status(unsigned) == signed
     assert windows_exit_status(unsigned) & 0xFFFFFFFF == unsigned

@@ -37,15 +37,6 @@ _USE_LIBUV_AT = 8
 # torch 2.4: "... was build without libuv support"; later releases: "built"
 _NO_LIBUV = re.compile(r"use_libuv was requested but PyTorch was buil[dt] without libuv support")
 
-_has_libuv: Optional[bool] = None  # what this process's torch answered; None: not asked yet
-
-
-def has_libuv() -> Optional[bool]:
-    """Whether this torch's TCPStore has its libuv backend, as the store itself answered the
-    first request for it in this process (None: no store has asked for libuv yet)."""
-    return _has_libuv
-
-
 def _asks_for_libuv(args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
     value = args[_USE_LIBUV_AT] if len(args) > _USE_LIBUV_AT else kwargs.get("use_libuv", True)
     return bool(value)
@@ -60,28 +51,36 @@ def _without_libuv(args: Sequence[Any],
     return args, kwargs
 
 
-def tcpstore_init(wrapped: Any, instance: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-    """The wrapper of ``TCPStore.__init__`` (see the module's docstring)."""
-    global _has_libuv
-    if _has_libuv is not False:
-        if _has_libuv or not _asks_for_libuv(args, kwargs):
+class StoreBackend:
+    """The wrapper of ``TCPStore.__init__`` (see the module's docstring), and what this
+    process's torch answered: :attr:`has_libuv` (None: no store has asked for libuv yet). One per
+    session (the distributed patch holds it), so an uninstall forgets the answer with the rest."""
+
+    def __init__(self) -> None:
+        self.has_libuv: Optional[bool] = None
+
+    def __call__(self, wrapped: Any, instance: Any, args: Sequence[Any],
+                 kwargs: Dict[str, Any]) -> Any:
+        if self.has_libuv is not False:
+            if self.has_libuv or not _asks_for_libuv(args, kwargs):
+                return wrapped(*args, **kwargs)
+            try:
+                result = wrapped(*args, **kwargs)
+            except RuntimeError as error:
+                if not _NO_LIBUV.search(str(error)):
+                    raise
+                self.has_libuv = False
+                log.info("this torch's TCPStore has no libuv backend (torch %s: %s); its stores "
+                         "use the socket backend (what USE_LIBUV=0 selects)", _torch_version(),
+                         error)
+            else:
+                self.has_libuv = True
+                return result
+        elif not _asks_for_libuv(args, kwargs):
             return wrapped(*args, **kwargs)
-        try:
-            result = wrapped(*args, **kwargs)
-        except RuntimeError as error:
-            if not _NO_LIBUV.search(str(error)):
-                raise
-            _has_libuv = False
-            log.info("this torch's TCPStore has no libuv backend (torch %s: %s); its stores "
-                     "use the socket backend (what USE_LIBUV=0 selects)", _torch_version(), error)
-        else:
-            _has_libuv = True
-            return result
-    elif not _asks_for_libuv(args, kwargs):
+        events.redirected("TCPStore(use_libuv)", True, False)
+        args, kwargs = _without_libuv(args, kwargs)
         return wrapped(*args, **kwargs)
-    events.redirected("TCPStore(use_libuv)", True, False)
-    args, kwargs = _without_libuv(args, kwargs)
-    return wrapped(*args, **kwargs)
 
 
 def _torch_version() -> str:

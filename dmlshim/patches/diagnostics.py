@@ -53,6 +53,7 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from dmlshim import capabilities, current, events
+from dmlshim.exit_status import interrupted_exit_code
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
@@ -97,21 +98,6 @@ def _utc(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat(
         timespec="seconds").replace("+00:00", "Z")
 
-
-# Windows python's exit status after an uncaught KeyboardInterrupt (Ctrl-C)
-STATUS_CONTROL_C_EXIT = 0xC000013A
-
-
-def interrupted_exit_code(os_name: str = os.name) -> int:
-    """The exit status, as a shell shows it, of a python that ends on an uncaught
-    KeyboardInterrupt: POSIX python kills itself with SIGINT, which a shell shows as 128 + 2;
-    Windows python exits with STATUS_CONTROL_C_EXIT, which cmd's %ERRORLEVEL% and PowerShell's
-    $LASTEXITCODE show as the signed number -1073741510 (the form the runner exits with)."""
-    if os_name == "nt":
-        from dmlshim.runner import windows_exit_status
-
-        return windows_exit_status(STATUS_CONTROL_C_EXIT)
-    return 130
 
 
 def _exit_code(code: Any) -> int:

@@ -364,9 +364,10 @@ class DistributedPatch(Patch):
     def _install_store(self) -> None:
         # torch 2.4's launchers ask every TCPStore for libuv, which its Windows wheels lack:
         # there (only there: the store itself says so) they get the backend the build has
-        from dmlshim.patches._store import tcpstore_init
+        from dmlshim.patches._store import StoreBackend
 
-        self.wrap(dist.TCPStore, "__init__", tcpstore_init)
+        self.store_backend = StoreBackend()
+        self.wrap(dist.TCPStore, "__init__", self.store_backend)
 
     # -- DistributedDataParallel(device_ids=[local_rank], output_device=local_rank) ----------
     def _install_ddp(self, caps, config) -> None:
