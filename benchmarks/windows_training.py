@@ -4,11 +4,13 @@ DirectML adapter against dmlshim's CPU target, on the same Windows python.
 Runs ``python.exe -m dmlshim examples/train_cnn.py`` with default options (the adapter) and with
 ``DMLSHIM_DEVICE=cpu`` alternately (the order swaps every round), and records the wall time of
 each epoch as the script prints it (epoch 0 includes compiling DirectML's shaders; epoch 1 is
-the steady state) and of the whole process (importing torch, the adapter's probe, DataLoader
+the steady state: its 16 training steps of 64 images and the validation of 512, as steps per
+second below) and of the whole process (importing torch, the adapter's probe, DataLoader
 spawn workers, the checkpoint; and the small Windows parent that reads its exit status).
 It runs inside the Windows lane's wine set-up, on the python the lane's tests get, started the
 way they start it (tests/windows/wine.py); for the adapter to be a real one, give the lane a
-real D3D12 library (``DMLSHIM_WINDOWS_D3D12``, wine 9 or newer):
+real D3D12 library (``DMLSHIM_WINDOWS_D3D12``; the lane's probe says whether it runs under
+that wine):
 
     DMLSHIM_WINDOWS_D3D12=/opt/vkd3d-proton/x64 \\
         .ci/windows-lane --exec python3 benchmarks/windows_training.py --runs 3
@@ -31,6 +33,7 @@ sys.path.insert(0, REPO)
 from tests.windows.wine import WindowsPython  # noqa: E402
 
 EPOCH = re.compile(r"^epoch (\d+): .*\(wall ([0-9.]+) s\)")
+STEPS_PER_EPOCH = 1024 // 64  # examples/train_cnn.py's defaults: 1024 images, batches of 64
 
 
 def run(win: WindowsPython, device: str, cwd: str, results: Dict[str, List[float]]) -> float:
@@ -71,6 +74,9 @@ def main() -> None:
         d, c = median(on_dml[key]), median(on_cpu[key])
         print(f"{key:8s} adapter {d:7.1f} {[round(v, 1) for v in on_dml[key]]}  "
               f"cpu {c:7.1f} {[round(v, 1) for v in on_cpu[key]]}  adapter/cpu {d / c:.2f}")
+    d, c = STEPS_PER_EPOCH / median(on_dml["epoch1"]), STEPS_PER_EPOCH / median(on_cpu["epoch1"])
+    print(f"steps/s  adapter {d:7.2f}  cpu {c:7.2f}  adapter/cpu {d / c:.2f} (epoch 1, its "
+          "validation included)")
 
 
 if __name__ == "__main__":

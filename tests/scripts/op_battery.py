@@ -195,8 +195,7 @@ def _to(device, xs: Sequence[torch.Tensor], name: str) -> List[torch.Tensor]:
 def _run(fn, xs: List[torch.Tensor]):
     out = fn(*xs)
     grads = []
-    if isinstance(out, torch.Tensor) and out.is_floating_point() and any(
-            x.requires_grad for x in xs):
+    if isinstance(out, torch.Tensor) and out.is_floating_point() and out.requires_grad:
         out_f = out.float()
         (out_f * torch.linspace(0.5, 1.5, out_f.numel(), device=out_f.device)
          .reshape(out_f.shape)).sum().backward()

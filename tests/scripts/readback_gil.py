@@ -5,7 +5,9 @@ torch's argument parser reads ``counts.max()`` in ``torch.zeros(b, counts.max(),
 event thread, which first runs the completions queued before it; one that drops the last
 reference to a tensor Python has let go of (the temporaries of ``counts_of``, still used by the
 device) takes the GIL to free it: a deadlock (guard ``readback_gil``). A C watchdog
-(faulthandler) ends a hung run: "Timeout" on stderr, exit status 1.
+(faulthandler) ends a hung run: "Timeout" on stderr, exit status 1. On Windows its exit
+(ExitProcess) waits for the DLLs' detach, which the wheel's stuck threads hold up: a watchdog
+process terminates the run a few seconds after the dump instead (exit status 15).
 
 ``--device dml`` runs on the wheel alone; ``--device cuda`` as a CUDA script (under dmlshim).
 Prints one line per step (the shape made from the device tensor) and "done" at the end.
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
+import subprocess
+import sys
 
 import torch
 
@@ -37,6 +42,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.timeout, exit=True)
+    watchdog = None
+    if os.name == "nt":  # (see the docstring) os.kill is TerminateProcess there
+        watchdog = subprocess.Popen([sys.executable, "-I", "-S", "-c",
+                                     "import os, sys, time; time.sleep(float(sys.argv[1])); "
+                                     "os.kill(int(sys.argv[2]), 15)",
+                                     str(args.timeout + 5), str(os.getpid())])
     if args.device == "dml":
         import torch_directml
 
@@ -60,6 +71,8 @@ def main() -> None:
         z = torch.zeros(4, counts.max(), 5, device=dev)
         print("step", step, tuple(z.shape), flush=True)
     faulthandler.cancel_dump_traceback_later()
+    if watchdog is not None:
+        watchdog.kill()
     print("done", flush=True)
 
 
