@@ -46,12 +46,17 @@ def pytest_addoption(parser):
     parser.addoption("--windows-d3d12", action="store_true",
                      help="with --windows-python: that python's folder holds a real D3D12 "
                           "library (d3d12.dll, d3d12core.dll), which every Windows process "
-                          "loads; tests/windows/test_windows_d3d12.py runs too (.ci/windows-lane "
-                          "with DMLSHIM_WINDOWS_D3D12 sets it up)")
+                          "loads; tests/windows/test_windows_d3d12.py and the real-wheel suite "
+                          "(the tests marked real_d3d12 and users_path) run too, on the Windows "
+                          "DirectML.dll (.ci/windows-lane with DMLSHIM_WINDOWS_D3D12 sets it up)")
 
 
 WINDOWS_TESTS = "tests/windows/"
 WINDOWS_D3D12_TESTS = "test_windows_d3d12.py"
+# the real-wheel suite (markers real_d3d12 and users_path): the Windows lane runs it too where it
+# has a real D3D12 library (these files import no torch: the lane's host has pytest only)
+REAL_SUITE = ("tests/test_real_wheel.py", "tests/test_users_path_zoo.py",
+              "tests/frameworks/test_fw_users_path.py")
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -63,6 +68,9 @@ def pytest_ignore_collect(collection_path, config):
         return None
     if collection_path.name == WINDOWS_D3D12_TESTS and not config.getoption("--windows-d3d12"):
         return True  # the real D3D12 library's tests need its python folder
+    if windows and config.getoption("--windows-d3d12") \
+            and collection_path.as_posix().endswith(REAL_SUITE):
+        return None
     return (not inside) if windows else (inside or None)
 
 
@@ -207,6 +215,13 @@ def pytest_configure(config):
         if not os.path.isfile(real):
             raise pytest.UsageError(f"--real-d3d12 {real}: no such file")
         helpers.REAL_D3D12 = os.path.abspath(real)
+    if config.getoption("--windows-python") and config.getoption("--windows-d3d12"):
+        from tests.windows.wine import WindowsPython
+
+        # the real-wheel suite on the Windows DirectML.dll (helpers: REAL_WINDOWS)
+        helpers.REAL_WINDOWS = WindowsPython(config.getoption("--windows-python"),
+                                             real_d3d12=True)
+        helpers.REAL_D3D12 = str(helpers.REAL_WINDOWS.exe.parent)
     # PyTorch's autograd engine sizes its per-device queues at the first backward() of the
     # process: the emulated device's guard must exist before any CPU test runs backward().
     if "torch_directml" not in sys.modules and not config.getoption("--windows-python"):

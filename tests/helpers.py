@@ -223,8 +223,16 @@ def on_users_path(cmd: Sequence[str], adapters: int = 1, memory_mib: int = 0) ->
             "--memory", str(memory_mib), "--", *map(str, cmd)]
 
 
-# the real D3D12 library of the real-wheel lane (pytest --real-d3d12 PATH), else None
+# The real route of the real-wheel suite (the tests marked real_d3d12 and users_path), set by
+# tests/conftest.py: the real D3D12 library (else None), and where the wheel runs on it. With
+# ``pytest --real-d3d12 PATH`` the Linux wheel installed here, in the WSL harness over PATH
+# (REAL_WINDOWS None); in the Windows lane with a real library (``--windows-python EXE
+# --windows-d3d12``) the Windows DirectML.dll: every command of those tests then runs on that
+# Windows python under wine (REAL_WINDOWS, tests/windows/wine.py), natively or shimmed, with
+# the variables it was given (paths of this machine work there as they are: wine's current drive
+# is Z:, the Linux root).
 REAL_D3D12: Optional[str] = None
+REAL_WINDOWS: Optional[Python] = None
 
 
 def on_real_wheel(cmd: Sequence[str], adapters: int = 1) -> List[str]:
@@ -242,8 +250,28 @@ def gradient_alarms(stderr: str) -> List[str]:
     return [line for line in stderr.splitlines() if any(a in line for a in GRADIENT_ALARMS)]
 
 
+def _on_windows(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
+                timeout: float, input: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    """``cmd`` (``[sys.executable, *args]``) on :data:`REAL_WINDOWS` with what ``env`` adds to
+    (or removes from) :func:`clean_env`, as that python takes it."""
+    assert REAL_WINDOWS is not None and cmd[0] == sys.executable, cmd
+    base = clean_env()
+    extra: Dict[str, Optional[str]] = {k: v for k, v in env.items()
+                                       if base.get(k) != v and k != "PYTHONPATH"}
+    extra.update({k: None for k in base if k not in env})
+    added = env.get("PYTHONPATH", "").split(os.pathsep)[1:]  # after the checkout's entry
+    windows_env = REAL_WINDOWS.env(**extra)
+    if added:
+        windows_env["PYTHONPATH"] = REAL_WINDOWS.pathsep.join(
+            [windows_env["PYTHONPATH"], *map(REAL_WINDOWS.path, added)])
+    return REAL_WINDOWS.run(list(cmd[1:]), windows_env, cwd or neutral_cwd(), input=input,
+                            timeout=timeout)
+
+
 def _run(cmd: Sequence[str], env: Mapping[str, str], cwd: Optional[PathLike],
          timeout: float, wsl: Union[int, str] = 0, **kw: Any) -> subprocess.CompletedProcess[str]:
+    if REAL_WINDOWS is not None:  # the Windows lane's real route: natively there too
+        return _on_windows(cmd, env, cwd, timeout, input=kw.pop("input", None))
     if isinstance(wsl, str):  # "real" or "real:N"
         cmd = on_real_wheel(cmd, int(wsl.partition(":")[2] or 1))
     elif wsl:
