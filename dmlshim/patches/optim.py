@@ -83,6 +83,130 @@ class HookedLookup:
         return self.__wrapped__.__get__(instance, owner)
 
 
+class RebindHooks:
+    """The wrappers of one :class:`OptimizerRebindPatch` installation and the state they share.
+
+    Each ``wrapper(wrapped, instance, args, kwargs)`` method is what ``Patch.wrap`` hands wrapt
+    (a bound method: one frame per call, as a function would be). The state: the policy, the
+    session's optimizer and scheduler registry, the modules being converted (outermost call's),
+    the re-entry markers, and the scheduler-step hooks with whether the classes hold them now.
+    """
+
+    def __init__(self, policy: OptimizerPolicy, tracked: registry.Registry) -> None:
+        self.policy = policy
+        self.tracked = tracked  # the session's registry: it goes with uninstall()
+        self.converting = ThreadStack()  # ids of the modules being converted (outermost call's)
+        self.loading, self.training, self.scheduler_init_running = Reentry(), Reentry(), Reentry()
+        self.step_hooks = {cls: HookedLookup(vars(cls)["step"], self.before_scheduler_step)
+                           for cls in scheduler_classes_with_step()}
+        self.armed = True  # the classes hold the hooks from install until the first sync
+
+    def after(self, slots: Any, retie: str, api: str) -> None:
+        """Rebind the tracked optimizers to the Parameters that replaced ``slots``' ones."""
+        off = self.policy is OptimizerPolicy.OFF
+        mapping = remap.collect_replacements(slots, "never" if off else retie, api)
+        if mapping and not off:
+            remap.rebind_all(mapping, self.tracked.live_optimizers(), api)
+
+    # -- conversions ------------------------------------------------------------------------
+    def module_apply(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                     kwargs: Dict[str, Any]) -> Any:
+        # Only the outermost call of a tree: _apply recurses into the children (and
+        # RNNBase._apply calls super()). A module outside the tree being converted (a custom
+        # _apply converting some other model) gets its own outermost treatment.
+        covered = self.converting.top
+        if not isinstance(instance, torch.nn.Module) or \
+                (covered is not None and id(instance) in covered):
+            return wrapped(*args, **kwargs)
+        slots = remap.parameter_slots(instance)
+        if self.policy is not OptimizerPolicy.OFF:
+            tied = remap.tied_tensors(slots)
+            if tied:
+                args, kwargs = _replace_fn(args, kwargs,
+                                           lambda fn: remap.memoize_for(tied, fn))
+        try:
+            with self.converting.pushed({id(m) for m in instance.modules()} | (covered or set())):
+                return wrapped(*args, **kwargs)
+        finally:
+            self.after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
+            self.sync_scheduler_hooks()
+
+    def module_load_state_dict(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                               kwargs: Dict[str, Any]) -> Any:
+        if self.loading.active or not isinstance(instance, torch.nn.Module):
+            return wrapped(*args, **kwargs)
+        slots = remap.parameter_slots(instance)
+        try:
+            with self.loading:
+                return wrapped(*args, **kwargs)
+        finally:
+            self.after(slots, "if_aliased", "optimizer rebind after Module.load_state_dict")
+            self.sync_scheduler_hooks()
+
+    # -- optimizers ---------------------------------------------------------------------------
+    def optimizer_init(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                       kwargs: Dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        info = self.tracked.track_optimizer(instance, boundaries.user_site())
+        if self.policy is not OptimizerPolicy.OFF:
+            # built over a list of parameters taken before a conversion replaced them
+            mapping = remap.mapping_from_registry(instance)
+            if mapping:
+                remap.rebind_all(mapping, [instance], "optimizer built over replaced parameters")
+        if self.policy is OptimizerPolicy.REBIND:
+            message = workaround.on_new_optimizer(instance, info)
+            if message:
+                boundaries.warn_at_user_site(message, workaround.RecreatedOptimizerWarning)
+        return result
+
+    # -- LR schedulers ------------------------------------------------------------------------
+    def scheduler_init(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                       kwargs: Dict[str, Any]) -> Any:
+        with self.scheduler_init_running:
+            result = wrapped(*args, **kwargs)
+        self.tracked.track_scheduler(instance)
+        return result
+
+    def before_scheduler_step(self, instance: Any) -> None:
+        # the first step() that __init__ makes is not a boundary
+        if not self.scheduler_init_running.active:
+            boundaries.on_scheduler_step(instance, self.policy)
+            self.sync_scheduler_hooks()
+
+    def sync_scheduler_hooks(self) -> None:
+        # Schedulers are often stepped every batch. Under rebind/off a scheduler step only
+        # runs the audit, which has nothing to do until a conversion replaced Parameters:
+        # until then the classes hold torch's own `step` (no shim frame per step).
+        want = self.policy is OptimizerPolicy.RESET or self.tracked.replaced_since_audit > 0
+        if want is self.armed:
+            return
+        self.armed = want
+        for cls, hook in self.step_hooks.items():
+            cls.step = hook if want else hook.__wrapped__
+
+    # -- epoch boundaries ---------------------------------------------------------------------
+    def loader_iter(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                    kwargs: Dict[str, Any]) -> Any:
+        boundaries.on_loader_iter(instance, self.policy)
+        self.sync_scheduler_hooks()
+        iterator = wrapped(*args, **kwargs)
+        boundaries.remember_iterator(instance, iterator)
+        return iterator
+
+    def module_train(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                     kwargs: Dict[str, Any]) -> Any:
+        if self.training.active or not isinstance(instance, torch.nn.Module):
+            return wrapped(*args, **kwargs)
+        mode = args[0] if args else kwargs.get("mode", True)
+        was_eval = not instance.training
+        with self.training:
+            result = wrapped(*args, **kwargs)
+        if mode and was_eval:
+            boundaries.on_train_after_eval(self.policy)
+            self.sync_scheduler_hooks()
+        return result
+
+
 class OptimizerRebindPatch(Patch):
     name = "optim"
     owns = (Owns("torch.nn.Module", ("_apply", "load_state_dict", "train")),
@@ -99,128 +223,19 @@ class OptimizerRebindPatch(Patch):
         return True
 
     def _install(self, caps, config) -> None:
-        policy = OptimizerPolicy(config.optimizer)
-        converting = ThreadStack()  # ids of the modules being converted (outermost call's)
-        loading, training, scheduler_init_running = Reentry(), Reentry(), Reentry()
-        tracked = registry.current()  # the session's: it goes with uninstall()
-
-        def after(slots, retie: str, api: str) -> None:
-            mapping = remap.collect_replacements(slots, retie if policy is not OptimizerPolicy.OFF else "never",
-                                                 api)
-            if mapping and policy is not OptimizerPolicy.OFF:
-                remap.rebind_all(mapping, tracked.live_optimizers(), api)
-
-        # -- conversions ----------------------------------------------------------------------
-        def module_apply(wrapped, instance, args, kwargs):
-            # Only the outermost call of a tree: _apply recurses into the children (and
-            # RNNBase._apply calls super()). A module outside the tree being converted (a custom
-            # _apply converting some other model) gets its own outermost treatment.
-            covered = converting.top
-            if not isinstance(instance, torch.nn.Module) or \
-                    (covered is not None and id(instance) in covered):
-                return wrapped(*args, **kwargs)
-            slots = remap.parameter_slots(instance)
-            if policy is not OptimizerPolicy.OFF:
-                tied = remap.tied_tensors(slots)
-                if tied:
-                    args, kwargs = _replace_fn(args, kwargs,
-                                               lambda fn: remap.memoize_for(tied, fn))
-            try:
-                with converting.pushed({id(m) for m in instance.modules()} | (covered or set())):
-                    return wrapped(*args, **kwargs)
-            finally:
-                after(slots, "always", "optimizer rebind after Module.to/cuda/cpu")
-                sync_scheduler_hooks()
-
-        def module_load_state_dict(wrapped, instance, args, kwargs):
-            if loading.active or not isinstance(instance, torch.nn.Module):
-                return wrapped(*args, **kwargs)
-            slots = remap.parameter_slots(instance)
-            try:
-                with loading:
-                    return wrapped(*args, **kwargs)
-            finally:
-                after(slots, "if_aliased", "optimizer rebind after Module.load_state_dict")
-                sync_scheduler_hooks()
-
-        self.wrap(torch.nn.Module, "_apply", module_apply)
-        self.wrap(torch.nn.Module, "load_state_dict", module_load_state_dict)
-
-        # -- optimizers -----------------------------------------------------------------------
-        def optimizer_init(wrapped, instance, args, kwargs):
-            result = wrapped(*args, **kwargs)
-            info = tracked.track_optimizer(instance, boundaries.user_site())
-            if policy is not OptimizerPolicy.OFF:
-                # built over a list of parameters taken before a conversion replaced them
-                mapping = remap.mapping_from_registry(instance)
-                if mapping:
-                    remap.rebind_all(mapping, [instance],
-                                     "optimizer built over replaced parameters")
-            if policy is OptimizerPolicy.REBIND:
-                message = workaround.on_new_optimizer(instance, info)
-                if message:
-                    boundaries.warn_at_user_site(message, workaround.RecreatedOptimizerWarning)
-            return result
-
-        self.wrap(torch.optim.Optimizer, "__init__", optimizer_init)
-
-        # -- LR schedulers --------------------------------------------------------------------
-        def scheduler_init(wrapped, instance, args, kwargs):
-            with scheduler_init_running:
-                result = wrapped(*args, **kwargs)
-            tracked.track_scheduler(instance)
-            return result
-
-        def before_scheduler_step(instance) -> None:
-            # the first step() that __init__ makes is not a boundary
-            if not scheduler_init_running.active:
-                boundaries.on_scheduler_step(instance, policy)
-                sync_scheduler_hooks()
-
+        hooks = RebindHooks(OptimizerPolicy(config.optimizer), registry.current())
+        self.wrap(torch.nn.Module, "_apply", hooks.module_apply)
+        self.wrap(torch.nn.Module, "load_state_dict", hooks.module_load_state_dict)
+        self.wrap(torch.optim.Optimizer, "__init__", hooks.optimizer_init)
         for cls in dict.fromkeys(SCHEDULER_TYPES):
-            self.wrap(cls, "__init__", scheduler_init)
-        hooks = {cls: HookedLookup(vars(cls)["step"], before_scheduler_step)
-                 for cls in scheduler_classes_with_step()}
-        for cls, hook in hooks.items():
+            self.wrap(cls, "__init__", hooks.scheduler_init)
+        for cls, hook in hooks.step_hooks.items():
             self.replace(cls, "step", hook)
-        armed = [True]
+        self.wrap(torch.utils.data.DataLoader, "__iter__", hooks.loader_iter)
+        self.wrap(torch.nn.Module, "train", hooks.module_train)
 
-        def sync_scheduler_hooks() -> None:
-            # Schedulers are often stepped every batch. Under rebind/off a scheduler step only
-            # runs the audit, which has nothing to do until a conversion replaced Parameters:
-            # until then the classes hold torch's own `step` (no shim frame per step).
-            want = policy is OptimizerPolicy.RESET or tracked.replaced_since_audit > 0
-            if want is armed[0]:
-                return
-            armed[0] = want
-            for cls, hook in hooks.items():
-                cls.step = hook if want else hook.__wrapped__
-
-        # -- epoch boundaries -----------------------------------------------------------------
-        def loader_iter(wrapped, instance, args, kwargs):
-            boundaries.on_loader_iter(instance, policy)
-            sync_scheduler_hooks()
-            iterator = wrapped(*args, **kwargs)
-            boundaries.remember_iterator(instance, iterator)
-            return iterator
-
-        def module_train(wrapped, instance, args, kwargs):
-            if training.active or not isinstance(instance, torch.nn.Module):
-                return wrapped(*args, **kwargs)
-            mode = args[0] if args else kwargs.get("mode", True)
-            was_eval = not instance.training
-            with training:
-                result = wrapped(*args, **kwargs)
-            if mode and was_eval:
-                boundaries.on_train_after_eval(policy)
-                sync_scheduler_hooks()
-            return result
-
-        self.wrap(torch.utils.data.DataLoader, "__iter__", loader_iter)
-        self.wrap(torch.nn.Module, "train", module_train)
-
-        tracked.discover_existing()
-        sync_scheduler_hooks()
+        hooks.tracked.discover_existing()
+        hooks.sync_scheduler_hooks()
         self._install_capture_check(caps)
 
     def _install_capture_check(self, caps) -> None:
