@@ -185,8 +185,8 @@ def measure(device: str, workload: str, steps: int, warmup: int, emulator_memory
 
     dmlshim.install(device=device, emulator_memory=emulator_memory)
     pkg = os.path.dirname(os.path.abspath(dmlshim.__file__)) + os.sep
-    kern = pkg + "decompositions" + os.sep  # op kernels registered for the device
-    guard_file = pkg + os.path.join("patches", "guard_kernels.py")
+    kern = pkg + os.path.join("kernels", "decompositions") + os.sep  # op kernels for the device
+    guard_dir = pkg + os.path.join("kernels", "guards") + os.sep
     torch.set_num_threads(1)
     model, opt, sched, x_host, y_host, loss_of = build(workload)
     x_dev, y_dev = x_host.cuda(), y_host.cuda()
@@ -225,7 +225,7 @@ def measure(device: str, workload: str, steps: int, warmup: int, emulator_memory
                 return  # emulated_dml/ lies beside dmlshim/, not in it
             if fname.startswith(kern):
                 kernels += 1
-            elif fname == guard_file:
+            elif fname.startswith(guard_dir):
                 guards += 1
             key = f"{os.path.relpath(fname, pkg)}:{code.co_name}"
             back = frame.f_back

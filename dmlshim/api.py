@@ -262,15 +262,12 @@ def _activate(shim: Shim) -> None:
     if shim.capabilities.emulated:
         import torch
 
-        import emulated_dml as emulator
         from dmlshim import dtensor_import
-        from emulated_dml import _compat
 
         before = torch.Generator
-        emulator.register(shim.target.count, shim.config.emulator_switches())  # routes Generator
+        shim.capabilities.register_device()  # routes Generator
         if torch.Generator is not before:
             shim.generator_before = before
-        _compat.fix_parameter_instancecheck()
         shim.dtensor_guard = dtensor_import.install()  # the weights_only allow-list stays torch's
     elif shim.capabilities.needs_torch_directml:
         from dmlshim import target

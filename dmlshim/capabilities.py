@@ -3,31 +3,18 @@
 The session builds its target's object once (``api.Shim.capabilities``) and the patches get
 it at install; nothing else answers "what can this target do" (:class:`dmlshim.target.Target`
 is data: kind, adapters, names). Only :class:`EmulatedDirectML` reads the emulator's switches
-(the options' ``emulator_gaps``) and imports the emulator.
+(the options' ``emulator_gaps``) and imports the emulator: this is the one module of dmlshim that
+does (tests/test_import_boundaries.py), so the session asks it to register the emulated device
+and the diagnostics ask it for the emulator's exact fallback counts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
-# known wrong-result bugs of torch-directml 0.2.5 (the guard names of dmlshim.patches.guards)
-# -> the emulator switch that reproduces each
-# torch-directml 0.2.5's wrong results and failures, by guard name (dmlshim/patches/guard_kernels.py):
-# present on every DirectML adapter (all observed on the real wheel, decided on its host side).
-# (nll_ignore and bilinear were seen on the software adapter only; their guards are right
-# with and without the bug, so they are on wherever DirectML is.)
-WHEEL_BUGS = ("eye", "mul_bool", "nll_none", "masked_fill_uint8", "reflect_pad",
-              "layer_norm_nobias", "nll_ignore", "bilinear", "unique_counts", "max_pool_indices",
-              "logsumexp", "flip_dims", "bn_mixed_backward", "scatter_add",
-              "gather_scatter_dims", "rsub_number", "non_blocking_to_host",
-              "split_empty", "sub_empty", "view_replay", "readback_gil",
-              "cat_empty", "slice_empty", "inplace_alias")
-# Guards right only where the wheel's behaviour is there: on the emulator, only with its gap.
-GAP_GUARDS = {"max_pool_indices": "maxpool-flat-indices"}
-# Reported for older releases, not reproduced by 0.2.5: only the emulator's opt-in switch has it.
-EMULATOR_ONLY_BUGS = {"bn_stats": "bug-bn-stats"}
+from dmlshim.kernels.guards import records
 
 
 class Capabilities:
@@ -120,6 +107,13 @@ class Capabilities:
         """``{op: calls}`` of CPU fallbacks counted exactly, or None (warnings are counted)."""
         return None
 
+    def exact_fallback_bytes(self) -> Dict[str, Tuple[int, int]]:
+        """``{op: (to_host, to_device)}``: bytes the CPU fallbacks counted exactly copied."""
+        return {}
+
+    def register_device(self) -> None:
+        """Make the target's device usable in this process (the emulator registers its own)."""
+
 
 class Cuda(Capabilities):
     kind = "cuda"
@@ -147,7 +141,7 @@ class DirectML(Capabilities):
         return (torch.float16,)  # no bfloat16 (#688)
 
     def known_bugs(self) -> Tuple[str, ...]:
-        return WHEEL_BUGS
+        return records.on_real_directml()
 
     def synchronize(self, index: int) -> None:
         # DirectML queues work; a read back to the host waits for everything before it.
@@ -208,11 +202,7 @@ class EmulatedDirectML(Capabilities):
         return "bfloat16" not in self._switches()
 
     def known_bugs(self) -> Tuple[str, ...]:
-        switches = self._switches()
-        wheel = tuple(name for name in WHEEL_BUGS
-                      if name not in GAP_GUARDS or GAP_GUARDS[name] in switches)
-        return wheel + tuple(name for name, switch in EMULATOR_ONLY_BUGS.items()
-                             if switch in switches)
+        return records.on_the_emulator(self._switches())
 
     def synchronize(self, index: int) -> None:
         import emulated_dml as emulator
@@ -242,9 +232,9 @@ class EmulatedDirectML(Capabilities):
         return bool(self.config is not None and self.config.emulator_memory)
 
     def limit_memory(self, nbytes: Any) -> None:
-        from emulated_dml import _memory
+        import emulated_dml as emulator
 
-        _memory.set_limit(nbytes)
+        emulator.set_memory_limit(nbytes)
 
     def float64_summary(self) -> str:
         if not self.has_float64(0):
@@ -272,6 +262,20 @@ class EmulatedDirectML(Capabilities):
         import emulated_dml as emulator
 
         return emulator.fallback_counts()
+
+    def exact_fallback_bytes(self) -> Dict[str, Tuple[int, int]]:
+        import emulated_dml as emulator
+
+        return emulator.fallback_bytes()
+
+    def register_device(self) -> None:
+        """Register the emulated adapters with the options' switches (this routes
+        ``torch.Generator`` through the emulator), and on torch 2.4 make DDP take emulated
+        parameters (as torch 2.5 does)."""
+        import emulated_dml as emulator
+
+        emulator.register(self.target.count, self._switches())
+        emulator.fix_parameter_instancecheck()
 
 
 _BY_KIND = {c.kind: c for c in (Capabilities, Cuda, DirectML, EmulatedDirectML)}

@@ -14,26 +14,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Dict, Mapping, NoReturn, Optional, Tuple
 
+from dmlshared import emulator_switches as _switches
+
 ENV_PREFIX = "DMLSHIM_"
 
 # Emulator fidelity switches (see emulated_dml). The gaps are on by default (under "all");
-# the bugs are opt-in (bug-bn-stats: 0.2.5 does not have it). The emulator has the same table
-# (emulator/_state.py: it imports nothing of the product, and this one is read before torch is
-# imported); tests/test_import_boundaries.py checks that the two agree.
-EMULATOR_GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye",
-                 "mul-bool", "nll-none-backward", "masked-fill-uint8", "reflect-pad",
-                 "channels-last", "layer-norm-nobias", "storage", "inference-mode", "bfloat16",
-                 "maxpool-flat-indices", "out-resize", "resize", "unique-counts",
-                 "scatter-partial", "masked-fill-mode", "out-unsafe", "flip-negative-dims",
-                 "bn-mixed-backward", "gather-scatter-negative-dim",
-                 "rsub-float-number", "split-empty", "non-blocking-to-host",
-                 "sub-empty", "gather-empty", "readback-gil",
-                 "cat-empty", "slice-empty", "inplace-alias")
-EMULATOR_BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none",
-                 "bug-bilinear")
-# The old names of nll-none-backward and mul-bool (opt-in bugs once): still accepted, not listed
-# as valid values (--help, the error line)
-EMULATOR_ALIASES = ("bug-ce-none", "bug-mul-bool")
+# the bugs are opt-in (bug-bn-stats: 0.2.5 does not have it); the aliases, the old names of
+# nll-none-backward and mul-bool (opt-in bugs once), are still accepted but not listed as valid
+# values (--help, the error line). One table with the emulator: dmlshared.emulator_switches
+# (it imports nothing, and this module is read before torch is imported).
+EMULATOR_GAPS: Tuple[str, ...] = _switches.GAPS
+EMULATOR_BUGS: Tuple[str, ...] = _switches.BUGS
+EMULATOR_ALIASES: Tuple[str, ...] = tuple(_switches.ALIASES)
 
 
 class OptimizerPolicy(str, Enum):

@@ -141,8 +141,8 @@ def native_backend_note(adapter_names: Sequence[str]) -> Optional[str]:
     return None
 
 
-_SWITCHES = (("dmlshim/patches/guard", "guards"), ("dmlshim/decompositions/", "decompose"),
-             ("dmlshim/patches/amp", "amp"))
+_SWITCHES = (("dmlshim/kernels/guards/", "guards"), ("dmlshim/patches/guard", "guards"),
+             ("dmlshim/kernels/decompositions/", "decompose"), ("dmlshim/patches/amp", "amp"))
 
 
 def _step_row(step: doctor_step.StepResult) -> str:

@@ -42,8 +42,10 @@ log = logging.getLogger("dmlshim")
 TAGS = ("redirected", "emulated", "unsupported", "dropped")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# the emulator's frames stand in for the wheel's C++: never a call site
+# the emulator's frames stand in for the wheel's C++, and the kernels it shares with dmlshim
+# (dmlshared) are never the script's either: never a call site
 _EMULATOR_DIR = os.path.join(os.path.dirname(_PKG_DIR.rstrip(os.sep)), "emulated_dml") + os.sep
+_SHARED_DIR = os.path.join(os.path.dirname(_PKG_DIR.rstrip(os.sep)), "dmlshared") + os.sep
 
 
 def _package_dir(name: str) -> Tuple[str, ...]:
@@ -58,8 +60,8 @@ def _package_dir(name: str) -> Tuple[str, ...]:
 
 
 # Frames under these folders are dmlshim's, the emulator's, torch's or wrapt's, never the user's.
-_SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR, _EMULATOR_DIR) + _package_dir("torch") \
-    + _package_dir("wrapt")
+_SKIP_PREFIXES: Tuple[str, ...] = (_PKG_DIR, _EMULATOR_DIR, _SHARED_DIR) \
+    + _package_dir("torch") + _package_dir("wrapt")
 
 
 @dataclass

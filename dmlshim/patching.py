@@ -55,7 +55,9 @@ def _is_shim(module_name: str) -> bool:
     return module_name.startswith("dmlshim.") or module_name.startswith("wrapt")
 
 
-_TRUTH_PACKAGES = frozenset(("torch", "emulated_dml"))
+# torch, the emulator (standing in for torch-directml's C++) and the kernels the two share with
+# dmlshim (dmlshared: the emulator runs them as the wheel's own)
+_TRUTH_PACKAGES = frozenset(("torch", "emulated_dml", "dmlshared"))
 
 
 def caller_module(depth: int = 1) -> str:

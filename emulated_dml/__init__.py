@@ -1,8 +1,8 @@
 """An emulated DirectML device: torch-directml 0.2.5's ``privateuseone:N``, computed on the CPU.
 
 A test device and a package of its own: ``import emulated_dml`` installs nothing and imports
-nothing of dmlshim (the product imports two of its plain-torch modules, ``formulas`` and
-``autocast_kernels``, rather than the other way round). What it reproduces of the real wheel, and the
+nothing of dmlshim; what the two share (the switch names, the fused LSTM cell, CUDA's autocast
+kernels) lives in ``dmlshared``, which imports neither. What it reproduces of the real wheel, and the
 fidelity switches, are in the README ("The DirectML emulator"); each switch's behaviour is
 modelled where it acts (``_ops.py`` wrong results, ``_fallback.py``/``_policy.py`` the CPU
 fallback and the dispatcher model, ``_tensor.py`` storage/inference-mode/bfloat16).
@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
-from emulated_dml import _fallback, _memory
+from emulated_dml import _compat, _fallback, _memory
 from emulated_dml._fallback import REPORTED_FALLBACKS, WARNING_TEXT
 from emulated_dml._state import (
     ALL_SWITCHES,
@@ -48,7 +48,7 @@ __all__ = [
     "switches", "device", "device_count", "synchronize", "memory_allocated",
     "max_memory_allocated", "reset_peak_memory_stats", "fallback_counts", "fallback_bytes",
     "reset_fallback_counts", "is_emulated", "register_device_kernel",
-    "unregister_device_kernel", "GAPS", "BUGS",
+    "unregister_device_kernel", "set_memory_limit", "fix_parameter_instancecheck", "GAPS", "BUGS",
     "ALL_SWITCHES", "REPORTED_FALLBACKS", "WARNING_TEXT", "F64_MESSAGE",
 ]
 
@@ -136,7 +136,7 @@ def _sync_registrations() -> None:
     if _backend._cpp_guard is not None:  # the gap lives in the C++ guard (a kernel in C++)
         _backend._cpp_guard.set_readback_gil(state.registered and state.readback_gil)
     if state.registered:
-        from emulated_dml import autocast_kernels
+        from dmlshared import autocast_kernels
 
         # the wheel has no autocast kernels (the gap); without the gap, CUDA-like ones
         if state.autocast:
@@ -189,6 +189,18 @@ def fallback_bytes() -> Dict[str, tuple]:
     """``{"aten::x": (to_host, to_device)}``: bytes the CPU fallbacks copied since the last reset
     (each call: its device tensor arguments to the host, its results back)."""
     return _fallback.bytes_moved()
+
+
+def set_memory_limit(nbytes: Optional[int]) -> None:
+    """Live bytes each adapter may hold (None: unlimited); past it a new storage raises
+    torch-directml's out-of-memory error."""
+    _memory.set_limit(nbytes)
+
+
+def fix_parameter_instancecheck() -> None:
+    """On torch 2.4, make ``isinstance(t, UninitializedParameter)`` False for emulated parameters
+    (as torch 2.5 does), so that DDP takes them; nothing on other torch versions."""
+    _compat.fix_parameter_instancecheck()
 
 
 def reset_fallback_counts() -> None:

@@ -65,7 +65,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from emulated_dml import _fallback, _lstm
+from dmlshared import lstm_cell
+from emulated_dml import _fallback
 from emulated_dml._state import check_index, state
 from emulated_dml._tensor import (
     BUGS,
@@ -627,4 +628,9 @@ BUGS.update({
                "upsample_bilinear2d_backward.grad_input")
 })
 
-CPU_IMPLS.update(_lstm.CPU_IMPLS)
+# The fused LSTM cell where the ``fallback`` gap is off: as if DirectML had CUDA's kernel (the gap
+# on: its CPU fallback, which has none and raises NotImplementedError, as the wheel's does)
+CPU_IMPLS.update({
+    "aten::_thnn_fused_lstm_cell": lstm_cell.fused_lstm_cell,
+    "aten::_thnn_fused_lstm_cell_backward_impl": lstm_cell.fused_lstm_cell_backward_impl,
+})

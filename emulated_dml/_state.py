@@ -10,24 +10,9 @@ from typing import Iterable
 
 import torch
 
-# Gaps of torch-directml 0.2.5 that are reproduced by default (each observed on the real wheel,
-# wrong results included: dmlshim's guards are tested against them), and a bug reproduced only
-# when asked for (#362, which does not reproduce on 0.2.5). The names are the ones
-# dmlshim.config accepts for DMLSHIM_EMULATOR_GAPS.
-GAPS = ("fallback", "float64", "autocast", "generator", "fallback-warn-once", "eye", "mul-bool",
-        "nll-none-backward", "masked-fill-uint8", "reflect-pad", "channels-last",
-        "layer-norm-nobias", "storage", "inference-mode", "bfloat16", "maxpool-flat-indices",
-        "out-resize", "resize", "unique-counts", "scatter-partial",
-        "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
-        "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
-        "non-blocking-to-host", "sub-empty", "gather-empty", "readback-gil",
-        "cat-empty", "slice-empty", "inplace-alias")
-# Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
-# adapter only (facts file: they may be the translation layer's, not the wheel's).
-BUGS = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none", "bug-bilinear")
-# Former opt-in names of two gaps that are now on by default.
-ALIASES = {"bug-ce-none": "nll-none-backward", "bug-mul-bool": "mul-bool"}
-ALL_SWITCHES = GAPS + BUGS + tuple(ALIASES)
+# The switch names (GAPS on by default, BUGS opt-in, ALIASES their former names): one table with
+# dmlshim.config, which validates DMLSHIM_EMULATOR_GAPS with it before torch is imported.
+from dmlshared.emulator_switches import ALIASES, ALL_SWITCHES, BUGS, GAPS
 
 
 class EmulatorError(RuntimeError):

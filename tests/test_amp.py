@@ -330,7 +330,7 @@ def test_fp16_weight_casts_are_cached_per_region_as_torch_does(shim):
     # A weight used five times in a region is cast once; the next region casts it again.
     ref = _recurrent_casts("cpu", lambda: torch.autocast("cpu", dtype=torch.float16))
     shim(device="emulated-dml", amp="fp16")
-    import emulated_dml.autocast_kernels as kernels
+    import dmlshared.autocast_kernels as kernels
 
     assert _recurrent_casts("cuda", lambda: torch.autocast("cuda")) == ref == [2, 2]
     assert kernels._cache == {}  # dropped when the outermost region ended
@@ -356,7 +356,7 @@ def test_fp16_bf16_regions_follow_the_bf16_policy(shim):
 def test_fp16_kernels_are_cudas_list_for_this_torch(shim):
     # torch registers its CUDA autocast kernels in every build: the device gets that list.
     shim(device="emulated-dml", amp="fp16")
-    import emulated_dml.autocast_kernels as kernels
+    import dmlshared.autocast_kernels as kernels
 
     # (aten's: a library such as torchvision registers CUDA autocast kernels for its own ops
     # when a test of this process imported it)

@@ -18,19 +18,20 @@ def test_each_kind_answers_for_itself():
     assert cpu.has_float64(0) and cpu.has_bf16() and not cpu.known_bugs()
     assert dml.has_float64(0) and not dml.has_float64(1) and not dml.has_bf16()
     assert torch.bfloat16 not in dml.autocast_dtypes_allowed()
-    # every adapter has the real wheel's bugs, each with a guard kernel; the emulator too, plus
-    # the BatchNorm one (older releases) only behind its opt-in switch
-    from dmlshim.patches.guard_kernels import KERNEL_GUARDS
+    # every adapter has the real wheel's bugs (a guard each); the emulator too, but a guard
+    # that is right only where its bug is (the max-pool one converts the wheel's flattened
+    # indices; the BatchNorm one, #362, is of older releases) only behind that bug's switch
+    from dmlshim.kernels.guards.records import GUARDS
 
-    # guards that are not kernels: a policy of Tensor.to, and autograd's view replay
-    policies = {"non_blocking_to_host", "view_replay"}
-    assert set(dml.known_bugs()) == set(KERNEL_GUARDS) | policies
-    assert set(emu.known_bugs()) == set(KERNEL_GUARDS) | policies
+    wheel = {g.name for g in GUARDS} - {"bn_stats"}
+    assert set(dml.known_bugs()) == wheel and len(wheel) == 24
+    assert set(emu.known_bugs()) == wheel
     assert not emu.has_float64(0)  # the emulator's float64 gap is on by default
-    # (a guard for a gap of the wheel's own, such as its flattened max-pool indices, only where
-    # that gap is on)
     assert emu_bug.has_float64(0) and set(emu_bug.known_bugs()) == \
-        set(KERNEL_GUARDS) - set(capabilities.GAP_GUARDS) | {"bn_stats"} | policies
+        wheel - {"max_pool_indices"} | {"bn_stats"}
+    pools = config.load({"device": "cpu", "emulator_gaps": "maxpool-flat-indices"}, environ={})
+    assert "max_pool_indices" in capabilities.of(Target("emulated-dml", 1, "test"),
+                                                 pools).known_bugs()
     assert capabilities.of(None).kind == "cpu" and dml.directml and not cpu.directml
 
 

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from helpers import describe, losses, run_native, run_shim
 
 import dmlshim
-from dmlshim import decompositions
-from dmlshim.decompositions import Decomposition, all_decompositions, falls_back
+from dmlshim.kernels import decompositions
+from dmlshim.kernels.decompositions import Decomposition, all_decompositions, falls_back
 from dmlshim.patches import decompose
 from dmlshim.patching import get_original
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from helpers import describe, losses, run_native, run_shim
 from test_decompose import DEV, assert_close, check_module
 
-from dmlshim.decompositions import all_decompositions, falls_back
+from dmlshim.kernels.decompositions import all_decompositions, falls_back
 
 ZOO_OPS = (
     "aten::huber_loss", "aten::huber_loss_backward.out", "aten::log_sigmoid_forward",

@@ -740,7 +740,7 @@ _REGISTRATIONS = r"""
 import json, warnings
 import torch, torch_directml
 from dmlshim import capabilities, config
-from dmlshim.patches.guard_kernels import KERNEL_GUARDS, KERNEL_KEYS
+from dmlshim.kernels.guards.records import GUARDS
 from dmlshim.patches.guards import GuardsPatch
 from dmlshim.target import Target
 
@@ -749,8 +749,7 @@ print("REGS " + json.dumps(sorted(r for r in regs if r.startswith("aten::"))))
 
 # dmlshim's guard kernels: input fixes above autograd (the wheel's own kernel stays in place
 # behind them), replacements on PrivateUse1; all given back at uninstall
-ops = {"aten::" + op: KERNEL_KEYS[name] for name, (_, _, kernels) in KERNEL_GUARDS.items()
-       for op in kernels}
+ops = {"aten::" + op: g.key for g in GUARDS for op in g.kernels}
 def table():
     return {op: [line for line in torch._C._dispatch_dump_table(op).splitlines()
                  if line.startswith(("PrivateUse1:", "AutogradPrivateUse1:"))]

@@ -395,11 +395,11 @@ def test_the_step_result_survives_its_child_dying():
                      f"{doctor_step.MARK} device \"privateuseone:0\"",
                      f"{doctor_step.MARK} part \"conv2d forward\""])
     err = ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call "
-           "first):\n  File \"" + os.path.join(os.path.dirname(doctor.__file__), "patches",
-                                               "guard_kernels.py") + "\", line 7 in flip\n")
+           "first):\n  File \"" + os.path.join(os.path.dirname(doctor.__file__), "kernels",
+                                               "guards", "shape.py") + "\", line 7 in flip\n")
     got = doctor_step.parse(out, err, -11)
     assert (got.ok, got.device, got.failed, got.crashed) == (False, "privateuseone:0",
                                                              "conv2d forward", True)
     assert got.error == "the process died with signal 11 (SIGSEGV) (Fatal Python error: " \
                         "Segmentation fault)"
-    assert got.shim_site == "dmlshim/patches/guard_kernels.py:7 in flip"
+    assert got.shim_site == "dmlshim/kernels/guards/shape.py:7 in flip"

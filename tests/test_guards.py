@@ -19,7 +19,8 @@ from helpers import clean_env, describe
 
 import dmlshim
 from dmlshim import api, capabilities, config, patching
-from dmlshim.patches.guards import GUARDS, active_guards
+from dmlshim.kernels.guards.records import GUARDS
+from dmlshim.patches.guards import active_guards
 from dmlshim.target import Target
 
 BUGS = "all,bug-bn-stats"
@@ -158,7 +159,7 @@ def test_guards_give_cpu_results_on_the_buggy_device():
 def test_which_guards_are_active():
     on = config.load({"device": "cpu"})
     off = config.load({"device": "cpu", "guards": "off"})
-    kernels = tuple(g for g in GUARDS if g != "bn_stats")
+    kernels = tuple(g.name for g in GUARDS if g.name != "bn_stats")
     dml = Target("dml", 1, "test")
     # real DirectML: every kernel guard; the BatchNorm one never (#362 is not in 0.2.5)
     assert active_guards(capabilities.of(dml, on), on) == kernels
@@ -181,7 +182,7 @@ GUARDED_OPS = ("aten::eye.m_out", "aten::mul.Tensor", "aten::nll_loss_backward",
 
 
 def _device_kernels():
-    # replacements on PrivateUse1, input fixes above autograd (see guard_kernels.KERNEL_KEYS)
+    # replacements on PrivateUse1, input fixes above autograd (see records.Guard.key)
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return {op for op in GUARDED_OPS
             if has(op, "PrivateUse1") or has(op, "AutogradPrivateUse1")}

@@ -71,8 +71,8 @@ def test_transformer_frames_do_not_grow_with_the_model():
         funcs = r["plain"]["functions"]
         # one AdamW step: one frame, for 31 or 59 parameters (entered from the emulator's
         # dispatcher, standing in for the wheel's)
-        assert funcs.get("decompositions/optim.py:foreach_lerp__scalar <- _tensor.py:call_kernel") \
-            == 1, funcs
+        lerp = "kernels/decompositions/optim.py:foreach_lerp__scalar <- _tensor.py:call_kernel"
+        assert funcs.get(lerp) == 1, funcs
         assert not any(f.startswith(("patches/devices.py", "patches/oom.py")) for f in funcs), funcs
         _no_stack_walks(r)
 

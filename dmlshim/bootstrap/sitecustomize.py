@@ -101,9 +101,16 @@ def _install_dmlshim():
     from _frozen_importlib import module_from_spec
     from _frozen_importlib_external import PathFinder
 
-    spec = PathFinder.find_spec("dmlshim", [os.path.dirname(os.path.dirname(_HERE))])
+    root = os.path.dirname(os.path.dirname(_HERE))
+    spec = PathFinder.find_spec("dmlshim", [root])
     if spec is None or spec.loader is None:
         return
+    # dmlshim imports its sibling dmlshared (what it shares with the emulator; its package file
+    # imports nothing) from the start: the one beside it, for the same reason
+    shared = PathFinder.find_spec("dmlshared", [root]) if "dmlshared" not in sys.modules else None
+    if shared is not None and shared.loader is not None:
+        sys.modules["dmlshared"] = module_from_spec(shared)
+        shared.loader.exec_module(sys.modules["dmlshared"])
     module = module_from_spec(spec)
     sys.modules["dmlshim"] = module
     try:

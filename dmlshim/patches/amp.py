@@ -18,7 +18,7 @@ follows ``DMLSHIM_BF16``.
 
 On DirectML, torch-directml has no AutocastPrivateUse1 kernels (microsoft/DirectML#454,
 reproduced by the emulator's ``autocast`` gap): dmlshim holds CUDA's autocast kernels for the
-session (``emulated_dml/autocast_kernels.py``), with its weight-cast cache cleared when the
+session (``dmlshared/autocast_kernels.py``), with its weight-cast cache cleared when the
 outermost region ends (``torch.clear_autocast_cache``, which torch's ``autocast.__exit__``
 calls). A region the script disables (``autocast("cuda", enabled=False)``) disables autocast on
 the device that really autocasts.
@@ -160,7 +160,7 @@ class AmpPatch(Patch):
         if caps.directml:
             # torch-directml has no AutocastPrivateUse1 kernels (#454): hold dmlshim's (CUDA's
             # op lists) for the session, before the plan asks what autocast does there.
-            import emulated_dml.autocast_kernels as _pu1_autocast
+            import dmlshared.autocast_kernels as _pu1_autocast
 
             _pu1_autocast.hold("dmlshim.amp")
             self.on_undo(lambda: _pu1_autocast.release("dmlshim.amp"))
@@ -305,7 +305,7 @@ class AmpPatch(Patch):
 
 
 def _clear_autocast_cache(wrapped, instance, args, kwargs):
-    import emulated_dml.autocast_kernels as _pu1_autocast
+    import dmlshared.autocast_kernels as _pu1_autocast
 
     _pu1_autocast.clear_cache()
     return wrapped(*args, **kwargs)

@@ -6,7 +6,7 @@ On DirectML (real or emulated) with ``DMLSHIM_DECOMPOSE=on`` (the default):
   paths (optimizer updates, GroupNorm backward, LSTM/GRU cells, embedding bags, 1-D nearest
   upsampling, losses, activations, scans, pooling, sampling, matrix-vector products,
   GradScaler's unscale step), registered for ``PrivateUse1`` through ``torch.library``
-  (see :mod:`dmlshim.decompositions`; each is registered only where its operator really falls
+  (see :mod:`dmlshim.kernels.decompositions`; each is registered only where its operator really falls
   back in this process). Uninstall destroys the ``torch.library`` registrations;
 * transformer inference: ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` take a
   "fast path" in eval mode (``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``)
@@ -29,7 +29,7 @@ from typing import Callable, List
 import torch
 
 from dmlshim import events
-from dmlshim.decompositions import falls_back, register
+from dmlshim.kernels.decompositions import falls_back, register
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")

@@ -438,9 +438,7 @@ def _exact_fallbacks(caps: capabilities.Capabilities) -> Any:
         exact = caps.exact_fallback_counts()
         if exact is None:
             return None
-        import emulated_dml as emulator
-
-        return dict(exact), dict(emulator.fallback_bytes())
+        return dict(exact), dict(caps.exact_fallback_bytes())
     except (ImportError, AttributeError):
         return None
 

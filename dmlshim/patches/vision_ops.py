@@ -1,12 +1,5 @@
-"""torchvision's custom operators on a DirectML device where torch has no autograd layer for them.
-
-torchvision registers ``torchvision::nms`` for CPU, CUDA and a few autograd keys, not for
-``AutogradPrivateUse1``, and torch 2.4.1 (what torch-directml pins) has no autograd fallback for
-that key either: ``nms`` on DirectML tensors raises "Could not run 'torchvision::nms' with
-arguments from the 'AutogradPrivateUse1' backend" before torch-directml's CPU fallback can run
-it. ultralytics' validation (and every detector's post-processing) calls it. The kernel below is
-the missing autograd layer: nms has no gradient, so it only steps below autograd, where the
-wheel's CPU fallback (or the emulator's) runs the operator as it runs any other.
+"""torchvision's operators on a DirectML device: the autograd layer torchvision lacks for the
+device (:mod:`dmlshim.kernels.vision` says why), registered once torchvision is imported.
 """
 
 from __future__ import annotations
@@ -15,19 +8,9 @@ from typing import Any, Optional
 
 import torch
 
+from dmlshim.kernels.vision import KEY as _KEY
+from dmlshim.kernels.vision import NO_GRAD_OPS, below_autograd
 from dmlshim.patching import Patch
-
-# torchvision operators without a derivative that scripts run on device tensors
-NO_GRAD_OPS = ("nms",)
-_KEY = "AutogradPrivateUse1"
-
-
-def _below_autograd(op_name: str):
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._AutoDispatchBelowAutograd():
-            return getattr(torch.ops.torchvision, op_name)(*args, **kwargs)
-
-    return kernel
 
 
 class VisionOpsPatch(Patch):
@@ -56,5 +39,5 @@ class VisionOpsPatch(Patch):
             return
         lib = torch.library.Library("torchvision", "IMPL")  # noqa: TOR901 - destroyed at undo
         for op in missing:
-            lib.impl(op, _below_autograd(op), _KEY)
+            lib.impl(op, below_autograd(op), _KEY)
         self._lib = lib

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition
+from dmlshim.kernels.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 MODE_SUM, MODE_MEAN, MODE_MAX = 0, 1, 2

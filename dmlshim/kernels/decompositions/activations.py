@@ -13,7 +13,7 @@ from typing import Tuple
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 _LOW = (torch.float16, torch.bfloat16)

@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 aten = torch.ops.aten

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, write_out
 
 
 def lerp_scalar_out(self: torch.Tensor, end: torch.Tensor, weight, *,

@@ -31,7 +31,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, reduce_loss, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, reduce_loss, write_out
 
 __all__ = ["Decomposition", "Registration", "all_decompositions", "falls_back", "register",
            "markdown_table", "reduce_loss", "write_out"]
@@ -45,7 +45,7 @@ _COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
 
 def all_decompositions() -> Tuple[Decomposition, ...]:
     """Every decomposition dmlshim knows, in README order."""
-    from dmlshim.decompositions import (
+    from dmlshim.kernels.decompositions import (
         activations,
         amp,
         embedding_bag,

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, reduce_loss, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, reduce_loss, write_out
 
 Tensor = torch.Tensor
 _EPSILON = 1e-12

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition
+from dmlshim.kernels.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 

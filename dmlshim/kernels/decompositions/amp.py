@@ -20,7 +20,7 @@ from typing import List
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition
+from dmlshim.kernels.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 aten = torch.ops.aten

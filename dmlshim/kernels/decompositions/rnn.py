@@ -5,7 +5,8 @@ PyTorch's ``nn.LSTM``/``nn.LSTMCell`` and ``nn.GRU``/``nn.GRUCell`` call the fus
 (``LSTMCell``/``GRUCell`` in aten/src/ATen/native/RNN.cpp), and only CUDA implements them:
 on torch-directml the CPU fallback finds no CPU kernel and raises NotImplementedError, so
 recurrent models cannot train at all. These kernels are CUDA's formulas (RNN.cu) written with
-element-wise device ops. The forward returns CUDA's workspace layout (activated gates; for the
+element-wise device ops: the GRU's here, the LSTM's in :mod:`dmlshared.lstm_cell` (the emulator
+runs the same two where its ``fallback`` gap is off). The forward returns CUDA's workspace layout (activated gates; for the
 GRU also hx and the hidden n-gate), which the backward kernels here read; with
 ``create_graph=True`` PyTorch uses its differentiable composite backward instead, which
 recomputes from the inputs.
@@ -17,34 +18,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition
-from emulated_dml.formulas import fused_lstm_cell  # noqa: F401 - one definition, shared with the emulator
+from dmlshared.lstm_cell import fused_lstm_cell, fused_lstm_cell_backward_impl
+from dmlshim.kernels.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
-
-
-def fused_lstm_cell_backward_impl(grad_hy: Optional[Tensor], grad_cy: Optional[Tensor],
-                                  cx: Tensor, cy: Tensor, workspace: Tensor, has_bias: bool
-                                  ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    if grad_hy is None and grad_cy is None:
-        return None, None, None
-    i, f, g, o = workspace.chunk(4, 1)
-    tanh_cy = cy.tanh()
-    if grad_hy is None:
-        grad_c = grad_cy
-        grad_o = torch.zeros_like(o)
-    else:
-        grad_c = grad_hy * o * (1 - tanh_cy * tanh_cy)
-        if grad_cy is not None:
-            grad_c = grad_c + grad_cy
-        grad_o = grad_hy * tanh_cy * (1 - o) * o
-    grad_i = grad_c * g * (1 - i) * i
-    grad_f = grad_c * cx * (1 - f) * f
-    grad_g = grad_c * i * (1 - g * g)
-    grad_gates = torch.cat([grad_i, grad_f, grad_g, grad_o], 1)
-    grad_cx = grad_c * f
-    grad_bias = grad_gates.sum(0) if has_bias else None
-    return grad_gates, grad_cx, grad_bias
 
 
 def fused_gru_cell(input_gates: Tensor, hidden_gates: Tensor, hx: Tensor,

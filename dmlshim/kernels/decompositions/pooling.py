@@ -21,11 +21,11 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition, write_out
+from dmlshim.kernels.decompositions.base import Decomposition, write_out
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
-_ARANGE = torch._C._VariableFunctions.arange  # (see dmlshim.patches.guard_kernels)
+_ARANGE = torch._C._VariableFunctions.arange  # (see dmlshim.kernels.guards.wheel)
 
 
 def _windows(size: int, out_size: int, device) -> Tuple[Tensor, int]:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from dmlshim.decompositions.base import Decomposition
+from dmlshim.kernels.decompositions.base import Decomposition
 
 Tensor = torch.Tensor
 

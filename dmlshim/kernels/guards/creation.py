@@ -1,0 +1,44 @@
+"""Guard eye (#431): ``torch.eye`` on the device comes back empty (``eye.out`` / ``eye.m_out`` fall
+back, with an output they cannot resize). Replacements on PrivateUse1, built from ``arange``
+and ``eq`` (PyTorch's derivative formula stays in force).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dmlshim import events
+from dmlshim.kernels.guards.passthrough import ARANGE
+
+Tensor = torch.Tensor
+
+
+def eye_m(n: int, m: int, *, dtype=None, layout=None, device=None,  # noqa: ARG001
+          pin_memory=None) -> Tensor:  # noqa: ARG001
+    # The functional forms hand eye.out an empty tensor it cannot resize: build it at (n, m).
+    events.note("guard.eye")
+    rows = ARANGE(0, n, 1, dtype=torch.int64, device=device)
+    cols = ARANGE(0, m, 1, dtype=torch.int64, device=device)
+    value = torch.eq(rows.unsqueeze(1), cols.unsqueeze(0))
+    return value.to(dtype if dtype is not None else torch.get_default_dtype())
+
+
+def eye(n: int, *, dtype=None, layout=None, device=None, pin_memory=None) -> Tensor:
+    return eye_m(n, n, dtype=dtype, device=device)
+
+
+def eye_m_out(n: int, m: int, *, out: Tensor) -> Tensor:
+    return _eye_into(out, n, m)
+
+
+def eye_out(n: int, *, out: Tensor) -> Tensor:
+    return _eye_into(out, n, n)
+
+
+def _eye_into(out: Tensor, n: int, m: int) -> Tensor:
+    if list(out.shape) != [n, m]:
+        raise RuntimeError(
+            f"torch.eye(out=...): the out= tensor has shape {list(out.shape)}, and DirectML "
+            f"cannot resize a device tensor; pass one of shape [{n}, {m}] (or call torch.eye "
+            "without out=)")
+    return out.copy_(eye_m(n, m, dtype=out.dtype, device=out.device))
