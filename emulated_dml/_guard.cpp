@@ -116,19 +116,25 @@ void set_metadata(const at::Tensor& t, const std::vector<int64_t>& sizes,
 // completion that drops the last reference to a tensor Python has let go of takes the GIL to
 // free its Python object. Whether a completion needs the GIL then depends on timing; the
 // emulator raises on every such read back instead, so a test meets it every time. Tensor.item(),
-// float(t) and Tensor.to release the GIL first and pass. Registered above autograd, where no
-// Python kernel runs before it (a Python kernel holds the GIL: dmlshim's guard replaces this one).
+// float(t), Tensor.to and every op called from Python release the GIL first and pass.
+//
+// The check stands where the wheel's own kernel would be entered: below autograd (at
+// ADInplaceOrView, the last key before the emulator's Python dispatch, which would take the GIL
+// itself), so it judges every read back that reaches the device, a kernel dmlshim registers above
+// autograd for the op (its guard readback_gil) included: a guard that read back holding the GIL
+// fails here. ADInplaceOrView is no backend's key: other devices' tensors pass straight through.
 std::atomic<bool> g_readback_gil{false};
 
 c10::Scalar local_scalar_dense_gil_check(c10::DispatchKeySet keys, const at::Tensor& self) {
-  TORCH_CHECK(!(g_readback_gil.load() && PyGILState_Check()),
+  TORCH_CHECK(!(g_readback_gil.load() && self.device().type() == c10::DeviceType::PrivateUse1 &&
+                PyGILState_Check()),
               "emulated_dml (gap readback-gil): a device tensor was read back as one number with "
               "the GIL held (a device tensor given as a size or a number, e.g. torch.zeros(n, "
               "t.max())); torch-directml 0.2.5 can deadlock there");
-  return at::_ops::_local_scalar_dense::redispatch(keys & c10::after_autograd_keyset, self);
+  return at::_ops::_local_scalar_dense::redispatch(keys & c10::after_ADInplaceOrView_keyset, self);
 }
 
-TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+TORCH_LIBRARY_IMPL(aten, ADInplaceOrView, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense_gil_check));
 }
 

@@ -46,9 +46,10 @@ can be tested against them:
 * ``inplace-alias``: a float32 in-place or ``out=`` add/sub whose ``other`` shares memory with
   the tensor written drops alpha and the sign: self is copied into it, then other added (``x -=
   x`` gives 2x, ``torch.sub(y, x, out=x)`` 2y; ``x.sub_(x[0])``, which torch refuses, x + x[0]).
-* ``readback-gil`` lives in ``_guard.cpp`` (a C++ kernel above autograd, where the GIL can be
-  seen): a device tensor read back as one number with the GIL held raises (on the wheel it can
-  deadlock: torch's argument parser reads ``torch.zeros(n, t.max())``'s size so).
+* ``readback-gil`` lives in ``_guard.cpp`` (a C++ kernel just below autograd, where the GIL can
+  be seen and where a kernel registered above autograd has already run): a device tensor read
+  back as one number with the GIL held raises (on the wheel it can deadlock: torch's argument
+  parser reads ``torch.zeros(n, t.max())``'s size so).
 * ``bug-bn-stats`` (#362, opt-in: not reproduced by 0.2.5): BatchNorm running statistics are not
   updated in training.
 

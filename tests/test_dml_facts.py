@@ -26,6 +26,7 @@ import torch
 from helpers import clean_env, describe
 
 import emulated_dml as emulator
+from dmlshim.kernels.guards import records
 from emulated_dml import _fallback
 from emulated_dml._dml_ops import DML_KERNELS_0_2_5
 
@@ -616,7 +617,19 @@ def test_guard_counters(runs):
     # (isub_self, sub_detach_alpha, add_self_alpha, sub_view, sub_out_other, y -= y.detach(),
     # the fresh pair of add_distinct_alpha at equal versions, and the partial overlap refused)
     assert notes["guard.inplace_alias"] == 8
-    assert "guard.readback_gil" not in notes  # every item() takes it: not a summary line
+
+
+def test_the_facts_run_notes_what_the_records_say(runs):
+    """Every guard whose fact is in this script notes the events its record lists, and nothing
+    else notes: the summary's "guards applied" says what ran. (readback_gil, max_pool_indices
+    and flip_dims note nothing: every read back of a number, every pooling with indices and
+    every flip takes them; that the read back ran without the GIL is the emulator's check on
+    readback_gil's fact, below the guard.)"""
+    here = "tests/test_dml_facts.py::"
+    expected = {n for g in records.GUARDS if any(t.startswith(here) for t in g.fact_tests)
+                for n in g.notes}
+    assert set(runs["shim"]["guard_notes"]) == expected
+    assert {"guard.nll", "guard.mul_bool"} <= expected  # (the records list notes at all)
 
 
 @pytest.mark.parametrize("run", ["shim", "wheel"])

@@ -19,7 +19,8 @@ from helpers import clean_env, describe
 
 import dmlshim
 from dmlshim import api, capabilities, config, patching
-from dmlshim.kernels.guards.records import GUARDS
+from dmlshim.kernels.guards.passthrough import EXCLUDE, INCLUDE, NOT_HERE, OTHER
+from dmlshim.kernels.guards.records import BY_NAME, GUARDS
 from dmlshim.patches.guards import active_guards
 from dmlshim.target import Target
 
@@ -235,6 +236,30 @@ def test_view_replay_is_on_for_directml_only_and_uninstall_restores_it(shim):
         assert replay()
     finally:
         torch._C._set_view_replay_enabled(False)
+
+
+@pytest.mark.emulator
+def test_the_emulator_judges_a_read_back_below_the_guard(shim, monkeypatch):
+    """The emulator's readback-gil check stands below autograd, where the wheel's kernel would
+    be entered, so it judges the guard readback_gil's own read back (the guard replaces nothing
+    of it): the guard's passes; a kernel in its place that read back holding the GIL fails."""
+    shim(device="emulated-dml")
+    t = torch.tensor([3, 1], device="cuda").max()
+    assert torch.zeros(2, t, device="cuda").shape == (2, 3)  # the parser reads t, GIL held
+    assert t.item() == 3 and int(t) == 3
+    dmlshim.uninstall()
+
+    def holding_the_gil(self):
+        # torch's argument parser reads ``self`` as a number while it holds the GIL
+        with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
+            return torch._C._VariableFunctions.full((), self).item()
+
+    monkeypatch.setitem(BY_NAME["readback_gil"].kernels, "_local_scalar_dense", holding_the_gil)
+    shim(device="emulated-dml")
+    t = torch.tensor([3, 1], device="cuda").max()
+    for read in (lambda: torch.zeros(2, t, device="cuda"), t.item):
+        with pytest.raises(RuntimeError, match="gap readback-gil"):
+            read()
 
 
 LAYOUT = r"""
