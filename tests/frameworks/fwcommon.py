@@ -8,6 +8,7 @@ its CUDA settings. Scripts print ``loss <epoch> <step> <float.hex()>`` lines (te
 
 from __future__ import annotations
 
+import builtins
 import functools
 import math
 import os
@@ -195,3 +196,133 @@ def assert_cuda_device(proc: subprocess.CompletedProcess[str]) -> None:
     """The framework chose CUDA (the shim made it look available)."""
     device = printed(proc, "device")
     assert device is not None and device.split(":")[0] == "cuda", describe(proc)
+
+
+# -- what the framework logged, and the trained parameters (tests/frameworks/scripts/fwreport.py)
+
+Logged = Dict[Tuple[str, int], float]
+# a parameter's digest: (numel, sum, sum of |x|, sum of x*x), in float64 on the CPU after training
+Digest = Tuple[int, float, float, float]
+
+# Parameters whose gradient is zero in exact arithmetic, trained by float32 rounding noise alone,
+# which Adam(W) normalises into steps of about +-lr with the noise's signs: attention's key biases
+# (a bias added to every key adds one number to all of a query's scores, and softmax cancels it;
+# GPT-2's c_attn.bias holds the query, key and value biases in one tensor). Their trained values
+# are noise on any device: on the emulator, where a few attention sums round differently, BERT's
+# key biases lay 23% apart (their sum against their sum of |x|), GPT-2's c_attn.bias 1.1e-5,
+# diffusers' to_k biases (and their EMA) 1.9e-5, while every other parameter of the eight
+# scripts lay within 4.2e-7; on the real wheel 23%, 9.9e-5 and 1.7e-5 against 6.6e-5. Compared
+# within a tolerance, they are left out (their digests must still be there, finite); bit for
+# bit, they are compared too.
+NOISE_PARAMS = ("attention.self.key.bias", "attn.c_attn.bias", "to_k.bias")
+# What an element of a parameter may differ by besides its relative tolerance: parameters that
+# training leaves at about 0 (two of YOLOv8n's BatchNorm biases, model.22.cv2.2.*.bn.bias, are
+# ~1e-14 an element after the epoch, moved by noise-sized gradients) differ relatively by
+# whatever the noise is (2.2e-3 on the real wheel), yet are the same number next to a real update
+# (AdamW moves an element by about its learning rate: 1e-3 or more here).
+PARAM_ABS = 1e-9
+
+
+def logged(proc: subprocess.CompletedProcess[str],
+           keys: Optional[Sequence[str]] = None) -> Logged:
+    """``{(key, step): value}`` from the ``logged <key> <step> <hex>`` lines (only ``keys``, if
+    given), after checking that the run exited 0 and logged something, all of it finite."""
+    assert proc.returncode == 0, describe(proc)
+    out: Logged = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "logged" and (keys is None or parts[1] in keys):
+            key = (parts[1], int(parts[2]))
+            assert key not in out, f"{key} logged twice" + describe(proc)
+            out[key] = float.fromhex(parts[3])
+    assert out, f"nothing logged{'' if keys is None else f' for {keys}'}" + describe(proc)
+    assert all(math.isfinite(v) for v in out.values()), describe(proc)
+    return out
+
+
+def params(proc: subprocess.CompletedProcess[str]) -> Dict[str, Digest]:
+    """``{name: digest}`` from the ``param`` lines, after checking that the run exited 0 and
+    printed some, all finite."""
+    assert proc.returncode == 0, describe(proc)
+    out: Dict[str, Digest] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "param":
+            out[parts[1]] = (int(parts[2]), *(float.fromhex(p) for p in parts[3:]))
+    assert out, "no parameters printed" + describe(proc)
+    assert all(math.isfinite(v) for d in out.values() for v in d[1:]), describe(proc)
+    return out
+
+
+def _logged_differences(got: Logged, expected: Logged, rel: float, abs_: float) -> str:
+    if got.keys() != expected.keys():
+        return (f"logged other entries: only here {sorted(got.keys() - expected.keys())}, "
+                f"only in the reference {sorted(expected.keys() - got.keys())}")
+    bad = []
+    for key, want in expected.items():
+        have = got[key]
+        if (have != want if rel == abs_ == 0
+                else builtins.abs(have - want) > rel * builtins.abs(want) + abs_):
+            bad.append(f"{key[0]} at step {key[1]}: got {have!r} ({have.hex()}), "
+                       f"expected {want!r} ({want.hex()})")
+    return "; ".join(bad[:8]) + (f" (and {len(bad) - 8} more)" if len(bad) > 8 else "")
+
+
+def assert_close_logged(proc: subprocess.CompletedProcess[str],
+                        reference: subprocess.CompletedProcess[str], rel: float = EMULATOR_REL,
+                        abs: float = 0.0, keys: Optional[Sequence[str]] = None) -> None:
+    """What the framework logged (``keys`` of it, if given) equals the reference run's: the same
+    entries, each within ``rel`` of the reference's value plus ``abs``; ``rel=0`` (and
+    ``abs=0``): bit for bit."""
+    problem = _logged_differences(logged(proc, keys), logged(reference, keys), rel, abs)
+    assert not problem, problem + describe(proc)
+
+
+def assert_equal_logged(proc: subprocess.CompletedProcess[str],
+                        reference: subprocess.CompletedProcess[str],
+                        keys: Optional[Sequence[str]] = None) -> None:
+    """Bit-identical logged values (the CPU target against a native CPU run)."""
+    assert_close_logged(proc, reference, rel=0.0, keys=keys)
+
+
+def _param_differences(got: Dict[str, Digest], expected: Dict[str, Digest], rel: float,
+                       abs_: float, noise: Sequence[str]) -> str:
+    if got.keys() != expected.keys():
+        return (f"other parameters: only here {sorted(got.keys() - expected.keys())}, "
+                f"only in the reference {sorted(expected.keys() - got.keys())}")
+    bad = []
+    for name, (n, s, a, q) in expected.items():
+        gn, gs, ga, gq = got[name]
+        if rel == abs_ == 0:
+            ok = (gn, gs, ga, gq) == (n, s, a, q)
+        elif name.endswith(tuple(noise)):
+            ok = gn == n
+        else:
+            # every element x within d = rel |x| + abs of the reference's: the sums move by at
+            # most sum(d), and the squares by sum(2 |x| d + d^2)
+            ok = gn == n and builtins.abs(gs - s) <= rel * a + abs_ * n \
+                and builtins.abs(ga - a) <= rel * a + abs_ * n \
+                and builtins.abs(gq - q) <= (2 * rel + rel * rel) * q \
+                + 2 * abs_ * (1 + rel) * a + n * abs_ * abs_
+        if not ok:
+            bad.append(f"{name}: got (numel, sum, sum|x|, sum x^2) {(gn, gs, ga, gq)}, "
+                       f"expected {(n, s, a, q)}")
+    return "; ".join(bad[:6]) + (f" (and {len(bad) - 6} more)" if len(bad) > 6 else "")
+
+
+def assert_close_params(proc: subprocess.CompletedProcess[str],
+                        reference: subprocess.CompletedProcess[str], rel: float,
+                        abs: float = PARAM_ABS, noise: Sequence[str] = NOISE_PARAMS) -> None:
+    """The trained parameters equal the reference run's, as far as their digests tell: the same
+    names and sizes, and sums that fit every element being within ``rel`` of the reference's
+    element plus ``abs`` (sum and sum of ``|x|`` within ``rel * sum|x| + abs * numel``, the sum
+    of squares as far as that allows); ``rel=0`` (and ``abs=0``): bit for bit. Names ending in
+    one of ``noise`` are compared by size only, unless bit for bit (NOISE_PARAMS)."""
+    problem = _param_differences(params(proc), params(reference), rel, abs, noise)
+    assert not problem, problem + describe(proc)
+
+
+def assert_equal_params(proc: subprocess.CompletedProcess[str],
+                        reference: subprocess.CompletedProcess[str]) -> None:
+    """Bit-identical parameter digests (the CPU target against a native CPU run)."""
+    assert_close_params(proc, reference, rel=0.0, abs=0.0)

@@ -4,7 +4,8 @@ inherit the shim (``python -m dmlshim -m accelerate.commands.launch ...``).
 
 Native references: the same loop with ``Accelerator(cpu=True)``, and ``accelerate launch`` of
 two CPU processes (gloo): the two-process losses (the mean of the two ranks' half-batch losses)
-round differently from one process's full batch, so each is compared with its own kind.
+round differently from one process's full batch, so each is compared with its own kind. Each
+run's losses, what it logged through ``accelerator.log`` and the trained parameters are compared.
 """
 
 import pytest
@@ -12,9 +13,14 @@ import pytest
 pytest.importorskip("accelerate")
 
 from fwcommon import (  # noqa: E402
+    EMULATOR_REL,
+    assert_close_logged,
     assert_close_losses,
+    assert_close_params,
     assert_cuda_device,
+    assert_equal_logged,
     assert_equal_losses,
+    assert_equal_params,
     free_port,
     native,
     printed,
@@ -35,8 +41,12 @@ def test_accelerator_loop_fp16(device):
     if device == "cpu":
         assert_equal_losses(proc, ref)
         assert printed_hex(proc, "params") == printed_hex(ref, "params")
+        assert_equal_logged(proc, ref)
+        assert_equal_params(proc, ref)
     else:
         assert_close_losses(proc, ref)
+        assert_close_logged(proc, ref)
+        assert_close_params(proc, ref, rel=EMULATOR_REL)
 
 
 def _launch(tmp_path, device, *script_args):
@@ -61,3 +71,5 @@ def test_accelerate_launch_two_processes(tmp_path, native_launch, device):
     assert_cuda_device(proc)
     assert_equal_losses(proc, native_launch)
     assert printed_hex(proc, "params") == printed_hex(native_launch, "params")
+    assert_equal_logged(proc, native_launch)
+    assert_equal_params(proc, native_launch)

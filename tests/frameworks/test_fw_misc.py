@@ -1,13 +1,20 @@
 """diffusers (UNet2DModel with accelerate fp16), a nanoGPT-style loop (``LayerNorm(bias=False)``,
 ``torch.compile`` on and off) and TensorBoard's ``SummaryWriter.add_graph`` through
-``python -m dmlshim``, each against the script told to use the CPU.
+``python -m dmlshim``, each against the script told to use the CPU: losses, what the framework
+logged (diffusers' ``accelerator.log``, nanoGPT's ``estimate_loss``, TensorBoard's scalars read
+back from its event files) and the trained parameters (diffusers' EMA too).
 """
 
 import pytest
 from fwcommon import (  # noqa: E402
+    EMULATOR_REL,
+    assert_close_logged,
     assert_close_losses,
+    assert_close_params,
     assert_cuda_device,
+    assert_equal_logged,
     assert_equal_losses,
+    assert_equal_params,
     native,
     printed,
     shimmed,
@@ -24,8 +31,12 @@ def test_diffusers_unet_accelerate_fp16(device):
     assert_cuda_device(proc)
     if device == "cpu":
         assert_equal_losses(proc, ref)
+        assert_equal_logged(proc, ref)
+        assert_equal_params(proc, ref)
     else:
         assert_close_losses(proc, ref)
+        assert_close_logged(proc, ref)
+        assert_close_params(proc, ref, rel=EMULATOR_REL)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -39,10 +50,15 @@ def test_nanogpt_loop(device, compile_):
     if device == "cpu":
         # torch.compile stays on on the CPU target: Inductor in both runs
         assert_equal_losses(proc, ref)
+        assert_equal_logged(proc, ref)
+        assert_equal_params(proc, ref)
     else:
         # torch.compile gives the eager model on DirectML; the fused AdamW flag is dropped there
         # (torch-directml has no fused kernels), so the reference is the native eager, unfused run
-        assert_close_losses(proc, native("nanogpt.py", "--device", "cpu"))
+        ref = native("nanogpt.py", "--device", "cpu")
+        assert_close_losses(proc, ref)
+        assert_close_logged(proc, ref)
+        assert_close_params(proc, ref, rel=EMULATOR_REL)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -61,5 +77,10 @@ def test_tensorboard_add_graph(tmp_path, device):
     assert printed(proc, "events") == "1"
     if device == "cpu":
         assert_equal_losses(proc, ref)
+        assert_equal_logged(proc, ref)
+        assert_equal_params(proc, ref)
     else:
         assert_close_losses(proc, ref)
+        # the events hold float32: the values as the emulator's run computed them, rounded once
+        assert_close_logged(proc, ref)
+        assert_close_params(proc, ref, rel=EMULATOR_REL)

@@ -3,7 +3,9 @@
 timm's ``NativeScaler``, validated under ``torch.inference_mode()``.
 
 Native reference: the same run with ``--device cpu`` and no AMP (under ``DMLSHIM_AMP=off``
-CUDA autocast computes in float32 and the scaler is a disabled one).
+CUDA autocast computes in float32 and the scaler is a disabled one). Each run's losses, what
+timm's train.py logs (its meter's running mean, the summary.csv row) and the trained parameters
+(BatchNorm's running statistics included) are compared.
 """
 
 import pytest
@@ -11,9 +13,14 @@ import pytest
 pytest.importorskip("timm")
 
 from fwcommon import (  # noqa: E402
+    EMULATOR_REL,
+    assert_close_logged,
     assert_close_losses,
+    assert_close_params,
     assert_cuda_device,
+    assert_equal_logged,
     assert_equal_losses,
+    assert_equal_params,
     native,
     printed,
     shimmed,
@@ -38,5 +45,9 @@ def test_timm_train_and_validate(model, device):
     assert got_top1 == ref_top1
     if device == "cpu":
         assert got_loss == ref_loss
+        assert_equal_logged(proc, ref)
+        assert_equal_params(proc, ref)
     else:
         assert float.fromhex(got_loss) == pytest.approx(float.fromhex(ref_loss), rel=1e-5)
+        assert_close_logged(proc, ref)
+        assert_close_params(proc, ref, rel=EMULATOR_REL)

@@ -5,7 +5,10 @@ fp16=True)``, ``--bf16`` its ``bf16=True``; ``--auto-batch`` is ``auto_find_batc
 
 Stdout: ``device <trainer device>``, ``loss 1 <step> <float.hex()>`` per optimizer step (from the
 loss ``compute_loss`` returned), ``batch <size>`` (the batch size the trainer trained with),
-``eval <float.hex()>``.
+``eval <float.hex()>``; then what the Trainer logged (``logging_steps=1``: its
+``state.log_history``) as ``logged <key> <step> <float.hex()>`` for loss, grad_norm,
+learning_rate, train_loss and eval_loss, and the trained parameters as ``param`` lines
+(fwreport.py).
 """
 
 import argparse
@@ -15,6 +18,7 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import fwreport  # noqa: E402
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
     BertConfig,
@@ -41,6 +45,10 @@ class Data(torch.utils.data.Dataset):
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
         return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]),
                 "labels": self.labels[i]}
+
+
+# what log_history holds besides timings, epochs and flops
+LOGGED = ("loss", "grad_norm", "learning_rate", "train_loss", "eval_loss")
 
 
 class PrintingTrainer(Trainer):
@@ -81,7 +89,10 @@ def main():
             per_device_eval_batch_size=4, max_steps=args.steps, learning_rate=1e-3,
             fp16=args.fp16, bf16=args.bf16, use_cpu=args.cpu,
             auto_find_batch_size=args.auto_batch,
-            report_to=[], save_strategy="no", logging_strategy="no", eval_strategy="no",
+            report_to=[], save_strategy="no", eval_strategy="no",
+            # what a user reads: the Trainer's own loss log each step (its accumulator is reset
+            # with `tr_loss -= tr_loss` after each log), with the gradient norm it clipped
+            logging_strategy="steps", logging_steps=1,
             dataloader_num_workers=0, seed=0, disable_tqdm=True,
         )
         trainer = PrintingTrainer(model=model, args=targs, train_dataset=train, eval_dataset=val)
@@ -93,6 +104,11 @@ def main():
         print("batch", trainer._train_batch_size)
         metrics = trainer.evaluate()
         print(f"eval {float(metrics['eval_loss']).hex()}")
+        for entry in trainer.state.log_history:
+            for key in LOGGED:
+                if key in entry:
+                    fwreport.log(key, entry["step"], entry[key])
+        fwreport.params(trainer.model)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,18 @@ custom module over ``F.layer_norm`` with ``bias=None``), causal self-attention t
 ``nullcontext``-or-autocast ``ctx``, ``GradScaler(enabled=dtype == 'float16')``, and
 ``--compile`` for ``torch.compile(model)``. ``--device cpu`` is the same run told to use the CPU.
 
-Stdout: ``device <device>``, ``dtype <autocast dtype>``, ``loss 1 <iter> <float.hex()>``.
+Stdout: ``device <device>``, ``dtype <autocast dtype>``, ``loss 1 <iter> <float.hex()>``; what
+nanoGPT prints at each ``eval_interval`` (its ``estimate_loss()``: ``model.eval()``, mean losses
+of ``eval_iters`` batches of each split under ``torch.no_grad``, here before the first iteration
+and after the last) as ``logged train|val <iter> <float.hex()>``, and the trained parameters as
+``param`` lines (fwreport.py).
 """
 
 import argparse
 import math
 from contextlib import nullcontext
 
+import fwreport
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
@@ -104,12 +109,14 @@ def main():
     print("dtype", dtype)
 
     data = torch.randint(0, 64, (4096,), generator=torch.Generator().manual_seed(0))
+    val_data = torch.randint(0, 64, (1024,), generator=torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(2)
 
-    def get_batch():
-        ix = torch.randint(len(data) - 16, (8,), generator=g)
-        x = torch.stack([data[i:i + 16] for i in ix])
-        y = torch.stack([data[i + 1:i + 17] for i in ix])
+    def get_batch(split="train", gen=g):
+        source = data if split == "train" else val_data
+        ix = torch.randint(len(source) - 16, (8,), generator=gen)
+        x = torch.stack([source[i:i + 16] for i in ix])
+        y = torch.stack([source[i + 1:i + 17] for i in ix])
         if device_type == "cuda":
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(
                 device, non_blocking=True)
@@ -122,6 +129,30 @@ def main():
     if args.compile:
         model = torch.compile(model)
 
+    @torch.no_grad()
+    def estimate_loss(eval_iters=2):
+        out = {}
+        model.eval()
+        # the same batches at each evaluation, drawn apart from the training batches' generator
+        gen = torch.Generator().manual_seed(4)
+        for split in ["train", "val"]:
+            losses = torch.zeros(eval_iters)
+            for k in range(eval_iters):
+                X, Y = get_batch(split, gen)
+                with ctx:
+                    _, loss = model(X, Y)
+                losses[k] = loss.item()
+            out[split] = losses.mean()
+        model.train()
+        return out
+
+    def evaluate(it):
+        losses = estimate_loss()
+        print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        fwreport.log("train", it, losses["train"])
+        fwreport.log("val", it, losses["val"])
+
+    evaluate(0)
     X, Y = get_batch()
     for it in range(args.iters):
         with ctx:
@@ -134,6 +165,9 @@ def main():
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         print(f"loss 1 {it} {loss.float().item().hex()}")
+    evaluate(args.iters)
+    # torch.compile wraps the model (under dmlshim on DirectML it gives the eager one back)
+    fwreport.params(getattr(model, "_orig_mod", model))
 
 
 if __name__ == "__main__":

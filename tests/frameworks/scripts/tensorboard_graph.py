@@ -3,12 +3,15 @@ traces the model with ``torch.jit.trace``; the trace check calls ``.double()``),
 per step, into ``--logdir`` (``--device cpu``: the same run told to use the CPU).
 
 Stdout: ``device <device>``, ``loss 1 <step> <float.hex()>``, ``graph <nodes in the logged
-GraphDef>``, ``events <number of event files>``.
+GraphDef>``, ``events <number of event files>``; the scalars read back from the event files
+(``EventAccumulator``: the loss and the gradient norm, as float32 in the events) as ``logged
+<tag> <step> <float.hex()>``, and the trained parameters as ``param`` lines (fwreport.py).
 """
 
 import argparse
 from pathlib import Path
 
+import fwreport
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -44,6 +47,9 @@ def main():
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        # a tensor scalar: add_scalar reads it back itself
+        writer.add_scalar("grad_norm", torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0),
+                          step)
         optimizer.step()
         writer.add_scalar("loss", loss.item(), step)
         print(f"loss 1 {step} {loss.item().hex()}")
@@ -55,6 +61,10 @@ def main():
     acc.Reload()
     print("graph", len(acc.Graph().node))
     print("events", len(list(Path(args.logdir).glob("events.out.tfevents.*"))))
+    for tag in acc.Tags()["scalars"]:
+        for event in acc.Scalars(tag):
+            fwreport.log(tag, event.step, event.value)
+    fwreport.params(model)
 
 
 if __name__ == "__main__":

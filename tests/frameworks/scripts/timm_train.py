@@ -7,20 +7,28 @@ validation under ``torch.inference_mode()`` with ``timm.utils.accuracy`` and ``A
 timm's ``train.py --no-prefetcher`` does. ``--device cpu`` is the same run told to use the CPU.
 
 Stdout: ``device <device>``, ``loss 1 <step> <float.hex()>`` per step, ``eval <loss hex>
-<top1>``.
+<top1>``; what timm's ``train.py`` logs, as ``logged <key> <step> <float.hex()>``: the running
+mean of its ``AverageMeter`` each step (``train_loss_avg``; its log line's ``Loss: now (avg)``)
+and the row ``timm.utils.update_summary`` wrote to its ``summary.csv`` (``train_loss``,
+``eval_loss``, ``eval_top1``, ``lr``; step 0, the epoch); the trained parameters as ``param``
+lines (fwreport.py).
 """
 
 import argparse
 import contextlib
+import tempfile
+from collections import OrderedDict
 from functools import partial
+from pathlib import Path
 
+import fwreport
 import numpy as np
 import timm
 import torch
 import torch.nn as nn
 from PIL import Image
 from timm.data import create_loader
-from timm.utils import AverageMeter, NativeScaler, accuracy
+from timm.utils import AverageMeter, NativeScaler, accuracy, update_summary
 
 
 class SyntheticImages(torch.utils.data.Dataset):
@@ -77,6 +85,7 @@ def main():
     print("device", device)
 
     model.train()
+    train_losses_m = AverageMeter()
     for step, (inputs, target) in enumerate(train_loader):
         if args.no_prefetcher:
             inputs, target = inputs.to(device), target.to(device)
@@ -91,6 +100,8 @@ def main():
             optimizer.step()
         torch.cuda.synchronize() if device.type == "cuda" else None
         print(f"loss 1 {step} {loss.float().item().hex()}")
+        train_losses_m.update(loss.item(), inputs.size(0))
+        fwreport.log("train_loss_avg", step, train_losses_m.avg)
 
     model.eval()
     losses_m, top1_m = AverageMeter(), AverageMeter()
@@ -105,6 +116,14 @@ def main():
             losses_m.update(loss.item(), inputs.size(0))
             top1_m.update(acc1.item(), inputs.size(0))
     print(f"eval {float(losses_m.avg).hex()} {top1_m.avg:.2f}")
+    # the epoch's summary row, as train.py writes it and a user reads it back
+    with tempfile.TemporaryDirectory() as out:
+        summary = Path(out) / "summary.csv"
+        update_summary(0, OrderedDict([("loss", train_losses_m.avg)]),
+                       OrderedDict([("loss", losses_m.avg), ("top1", top1_m.avg)]),
+                       str(summary), lr=optimizer.param_groups[0]["lr"], write_header=True)
+        fwreport.log_csv(summary, step_column="epoch")
+    fwreport.params(model)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """ultralytics YOLOv8n trained from its model yaml (no weights), written for a CUDA machine:
 ``model.train(data=..., device=0, amp=True, epochs=1)`` on a tiny synthetic dataset that the
 script writes into the working directory (random images, one box each). ``--device cpu`` is the
-same run told to use the CPU. Training includes ultralytics' validation pass.
+same run told to use the CPU (``--fused-adamw``: with the AdamW kernel ultralytics picks on
+CUDA). Training includes ultralytics' validation pass.
 ``channels_last=False``: on a CUDA device ultralytics switches the model to NHWC by default, and
 NHWC convolutions round differently from NCHW ones on the CPU that stands in for it. Run with
 ``OMP_NUM_THREADS=1`` to compare runs bit for bit: ultralytics pins the thread count only on its
@@ -11,12 +12,17 @@ Nothing is downloaded: run with ``YOLO_OFFLINE=1`` and ``YOLO_CONFIG_DIR`` set t
 holds an ``Arial.ttf`` (ultralytics fetches that font otherwise).
 
 Stdout: ``device <trainer device>``, ``amp <trainer amp>``, ``loss 1 <batch> <float.hex()>``
-(the summed box/cls/dfl loss items of each batch), ``fitness <float.hex()>`` after validation.
+(the summed box/cls/dfl loss items of each batch), ``fitness <float.hex()>`` after validation;
+what ultralytics wrote to its ``results.csv`` (each column but epoch and time: the epoch's mean
+train losses, the validation losses and metrics, the learning rates; as ultralytics rounds them)
+as ``logged <column> <epoch> <float.hex()>``, and the trained parameters of the model and of its
+EMA (``ema.`` names: the model ultralytics validates and saves) as ``param`` lines (fwreport.py).
 """
 
 import argparse
 from pathlib import Path
 
+import fwreport
 import numpy as np
 from PIL import Image
 
@@ -45,7 +51,21 @@ def write_dataset(root: Path, n_train=8, n_val=4, size=64):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="0")
+    parser.add_argument("--fused-adamw", action="store_true",
+                        help="AdamW's fused kernel on any device (ultralytics fuses on CUDA)")
     args = parser.parse_args()
+
+    if args.fused_adamw:
+        # ultralytics asks torch for AdamW's fused kernel when the model's parameters are on
+        # CUDA (BaseTrainer.build_optimizer: fused=True), through torch.optim's attribute
+        import torch
+
+        class FusedAdamW(torch.optim.AdamW):
+            def __init__(self, *a, **k):
+                k.setdefault("fused", True)
+                super().__init__(*a, **k)
+
+        torch.optim.AdamW = FusedAdamW
 
     from ultralytics import YOLO
 
@@ -71,6 +91,9 @@ def main():
                 workers=0, plots=False, seed=0, deterministic=True, channels_last=False, project=str(Path.cwd()),
                 name="run", exist_ok=True, verbose=False, val=True, save=False)
     print(f"fitness {float(model.trainer.fitness or 0.0).hex()}")
+    fwreport.log_csv(model.trainer.csv, step_column="epoch", skip=("time",))
+    fwreport.params(model.trainer.model)
+    fwreport.params(model.trainer.ema.ema, prefix="ema.")
 
 
 if __name__ == "__main__":
