@@ -14,7 +14,7 @@ import json
 import re
 import subprocess
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ from helpers import REPO, clean_env, cuda_state, cuda_visible, describe
 SEEN = "SEEN "
 CHILD = "import os, json; print(json.dumps(os.environ.get('CUDA_VISIBLE_DEVICES')))"
 CUDA_TESTS = "tests/cuda/test_inert_on_cuda.py"
+SELF = "tests/test_cuda_hidden.py::test_this_process_and_its_children_see_no_cuda"
 
 
 def test_this_process_and_its_children_see_no_cuda():
@@ -47,40 +48,55 @@ def _pytest(args: List[str], visible: Optional[str]) -> subprocess.CompletedProc
     ``visible`` (None: unset), as a user's shell would start it."""
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
                           env=clean_env(CUDA_VISIBLE_DEVICES=visible), cwd=REPO,
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=1200, check=False)
 
 
-@pytest.mark.parametrize("visible, workers", [("0", "0"), (None, "2")],
-                         ids=["CUDA_VISIBLE_DEVICES=0", "unset-xdist"])
-def test_a_pytest_started_with_gpus_hides_them_and_gives_them_back(visible, workers):
-    proc = _pytest(["-q", "-rP", "-n", workers,
-                    "tests/test_cuda_hidden.py::test_this_process_and_its_children_see_no_cuda"],
-                   visible)
-    assert proc.returncode == 0, describe(proc)
+def _seen(proc: subprocess.CompletedProcess[str]) -> Dict[str, Any]:
+    """What :func:`test_this_process_and_its_children_see_no_cuda` saw in that pytest."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith(SEEN)]
     assert len(lines) == 1, describe(proc)
-    seen = json.loads(lines[0][len(SEEN):])
-    assert seen["here"] == seen["child"] == "", seen
-    # the tests marked cuda give their children what pytest was started with (an xdist worker
-    # included: it inherits the first process's record, not its hidden value)
-    assert seen["state"]["visible"] == visible and seen["given back"] == visible, seen
+    return json.loads(lines[0][len(SEEN):])
 
 
-@pytest.mark.parametrize("args", [["-n", "0"], ["-n", "0", "--tier", "rest"],
-                                  ["-n", "2", "--tier", "all"]],
-                         ids=["fast", "rest", "all-xdist"])
-def test_without_cuda_the_cuda_tests_are_deselected_with_one_line(args):
-    # CUDA_VISIBLE_DEVICES="": no CUDA device for torch on any machine, one with GPUs included
-    proc = _pytest(["-q", *args, CUDA_TESTS], "")
-    assert proc.returncode == 5, describe(proc)  # pytest's "no tests ran": all deselected
+def _deselected(proc: subprocess.CompletedProcess[str]) -> int:
+    """The count on the one line saying why the tests marked cuda were deselected."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("cuda: ")]
     assert len(lines) == 1, describe(proc)
     m = re.fullmatch(r"cuda: (\d+) tests marked cuda deselected: (.+); they run where torch sees "
                      r"a CUDA device \(docs/testing-on-cuda\.md\)", lines[0])
-    assert m and int(m.group(1)) > 10, lines
+    assert m, lines
     assert re.search(r"sees no CUDA device|no GPU driver here|built without CUDA", m.group(2)), m
-    if args[:2] == ["-n", "0"]:  # (the summary of xdist's controller has no count)
-        assert re.search(rf"^{m.group(1)} deselected in ", proc.stdout, re.M), describe(proc)
+    return int(m.group(1))
+
+
+def test_a_pytest_started_with_cuda_visible_devices_hides_it_and_deselects_with_one_line():
+    """Started with ``CUDA_VISIBLE_DEVICES=-1`` (no CUDA device for torch on any machine, and a
+    value unlike the hidden one), with xdist and ``--tier all``: its workers see ``""`` and
+    give their children ``-1`` back, and the tests marked cuda go, said once."""
+    proc = _pytest(["-q", "-rP", "-n", "2", "--tier", "all", CUDA_TESTS, SELF], "-1")
+    assert proc.returncode == 0, describe(proc)  # this file's one test passed, nothing else ran
+    seen = _seen(proc)
+    assert seen["here"] == seen["child"] == "", seen
+    assert seen["state"]["visible"] == seen["given back"] == "-1", seen
+    assert seen["state"]["present"] is False, seen
+    assert _deselected(proc) > 10
+
+
+def test_a_pytest_started_with_it_unset_gives_children_all_gpus_back():
+    proc = _pytest(["-q", "-rP", "-n", "0", SELF], None)
+    assert proc.returncode == 0, describe(proc)
+    seen = _seen(proc)
+    assert seen["here"] == seen["child"] == "", seen
+    # None: cuda_visible() removes the variable, and the child sees every GPU
+    assert seen["state"]["visible"] is None and seen["given back"] is None, seen
+
+
+def test_the_rest_tier_deselects_them_with_one_line_too():
+    # CUDA_VISIBLE_DEVICES="": no CUDA device for torch on any machine, one with GPUs included
+    proc = _pytest(["-q", "-n", "0", "--tier", "rest", CUDA_TESTS], "")
+    assert proc.returncode == 5, describe(proc)  # pytest's "no tests ran": all deselected
+    count = _deselected(proc)
+    assert re.search(rf"^{count} deselected in ", proc.stdout, re.M), describe(proc)
 
 
 def test_asking_for_the_cuda_tests_without_cuda_is_a_usage_error():
