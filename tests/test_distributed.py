@@ -481,3 +481,22 @@ def test_mp_spawn_ddp_on_cpu_and_two_emulated_adapters(tmp_path, spawn_reference
     cpu, emulated = runs["cpu"], runs["emulated-dml:2"]
     assert losses(emulated.stdout) == losses(cpu.stdout) != []
     assert _params(emulated.stdout) == _params(cpu.stdout)
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated-dml:2"])
+def test_reduce_op_avg_averages_as_nccl_does(device):
+    # Lightning's self.log(sync_dist=True), told "nccl", averages so; gloo has no AVG
+    proc = run_shim("dist/average.py", device=device, timeout=300)
+    assert proc.returncode == 0, describe(proc)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("avg ")]
+    assert lines == ["avg float [1.5, 3.0, -2.0]",
+                     "avg int64 [2, 7, -3] torch.int64",  # 5/2, 14/2, -7/2: toward zero
+                     "avg scatter [0.0, 1.5, 3.0, 4.5]"], describe(proc)
+
+
+def test_reduce_op_avg_on_gloo_asked_for_is_torchs_own():
+    # a script that asks for gloo gets gloo's answer, as without dmlshim
+    native = run_native(CORPUS / "dist" / "average.py", "--backend", "gloo")
+    shimmed = run_shim("dist/average.py", "--backend", "gloo", device="cpu", timeout=300)
+    assert "avg float" not in shimmed.stdout, describe(shimmed)
+    assert (native.returncode == 0) == (shimmed.returncode == 0), describe(shimmed)

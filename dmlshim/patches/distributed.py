@@ -18,6 +18,10 @@ torch's own code keeps seeing the truth (``called_from_torch``): the group is a 
   :class:`dmlshim.patches._ddp_device.DeviceDistributedDataParallel` (a subclass of torch's DDP
   that all-reduces gradients through the host), unless ``DMLSHIM_GUARDS=off``.
 * ``nn.DataParallel`` on DirectML runs the module on one adapter (see :func:`_data_parallel_init`).
+* ``ReduceOp.AVG``, which NCCL has for every dtype and gloo has not (none at all in torch 2.4,
+  none for integers later): on a group the script asked NCCL for, ``all_reduce`` and
+  ``reduce_scatter(_tensor)`` with AVG sum, then divide by the group's size as NCCL does (floats;
+  integers truncated): frameworks told "nccl" average so (Lightning's ``self.log(sync_dist=True)``).
 * ``TCPStore`` on a torch built without libuv (torch 2.4's Windows wheels): the stores torch's
   launchers and ``env://`` ask for use the backend the build has (:mod:`dmlshim.patches._store`).
 """
@@ -51,6 +55,10 @@ _OUTPUT_FIRST = {
     "recv", "recv_anysource",
 }
 _INPUT_ONLY = {"send"}
+# collectives that can average (ReduceOp.AVG), by their parameters' names (the result first)
+_AVERAGING = {"all_reduce": ("tensor", "op", "group", "async_op"),
+              "reduce_scatter": ("output", "input_list", "op", "group", "async_op"),
+              "reduce_scatter_tensor": ("output", "input", "op", "group", "async_op")}
 
 
 
@@ -228,10 +236,11 @@ def _create_staging_group(store, rank: int, size: int, timeout: timedelta) -> St
 class DistributedPatch(Patch):
     name = "distributed"
     owns = (Owns("torch.distributed", ("init_process_group", "new_group", "get_backend",
-                                     "is_nccl_available", "is_backend_available")),
+                                     "is_nccl_available", "is_backend_available",
+                                     *_AVERAGING)),
             Owns("torch.distributed.distributed_c10d", ("init_process_group", "new_group",
                                                         "get_backend", "is_nccl_available",
-                                                        "is_backend_available")),
+                                                        "is_backend_available", *_AVERAGING)),
             Owns("torch.distributed.TCPStore", ("__init__",)),
             Owns("torch.nn.parallel.DistributedDataParallel", ("__init__",)),
             Owns("torch.nn.DataParallel", ("__init__",)))
@@ -249,6 +258,7 @@ class DistributedPatch(Patch):
             self._register_staging_backend()
         self._install_init(caps, c10d)
         self._install_answers(c10d)
+        self._install_average(c10d)
         self._install_store()
         self._install_ddp(caps, config)
         if caps.directml:
@@ -359,6 +369,38 @@ class DistributedPatch(Patch):
             self.wrap(owner, "is_nccl_available", nccl_available)
             if hasattr(owner, "is_backend_available"):
                 self.wrap(owner, "is_backend_available", backend_available)
+
+    # -- ReduceOp.AVG on a script's NCCL -----------------------------------------------------
+    def _install_average(self, c10d) -> None:
+        requested_of = self._requested
+        average, total = dist.ReduceOp.AVG, dist.ReduceOp.SUM
+
+        def averaging(names: Tuple[str, ...]):
+            def wrapper(wrapped, instance, args, kwargs):
+                bound = dict(zip(names, args), **kwargs)
+                if bound.get("op") != average:
+                    return wrapped(*args, **kwargs)
+                group = bound.get("group") or c10d._get_default_group()
+                if requested_of.get(group, "gloo") == "gloo":
+                    return wrapped(*args, **kwargs)  # gloo asked for: its own refusal
+                # what NCCL's ncclAvg does: the sum divided by the group's size (integers with
+                # C's division, toward zero), here on the gloo that runs the script's NCCL
+                async_op = bound.pop("async_op", False)
+                wrapped(**dict(bound, op=total))
+                result = bound[names[0]]
+                size = dist.get_world_size(group)
+                with torch.no_grad():
+                    if result.is_floating_point() or result.is_complex():
+                        result.div_(size)
+                    else:
+                        result.div_(size, rounding_mode="trunc")
+                events.redirected(f"dist.{wrapped.__name__}(op=AVG)", "AVG", "SUM / world size")
+                return _completed_work([result]) if async_op else None
+            return wrapper
+
+        for name, names in _AVERAGING.items():
+            for owner in (dist, c10d):
+                self.wrap(owner, name, averaging(names))
 
     # -- the rendezvous store -----------------------------------------------------------------
     def _install_store(self) -> None:
