@@ -26,11 +26,10 @@ from helpers import (
     describe,
     first_difference,
     losses,
-    on_real_wheel,
-    on_users_path,
     option_env,
     run_native,
     run_shim,
+    run_wsl,
     users_lane,
 )
 
@@ -146,11 +145,9 @@ def run_module(module_args: Sequence[str], *, device: Optional[str], cwd: Path,
         extra["DMLSHIM_DEVICE"] = device
         cmd += ["-m", "dmlshim"]
     cmd += ["-m", *module_args]
-    if wsl:
-        lane = users_lane(wsl)
-        cmd = on_real_wheel(cmd, wsl) if isinstance(lane, str) else on_users_path(cmd, wsl)
-    return subprocess.run(cmd, env=clean_env(**fw_env(**extra)), cwd=str(cwd),
-                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    timeout = TIMEOUT if helpers.REAL_D3D12 is None else 3 * TIMEOUT
+    return run_wsl(cmd, env=clean_env(**fw_env(**extra)), wsl=users_lane(wsl) if wsl else 0,
+                   timeout=timeout, cwd=cwd)
 
 
 def ok_losses(proc: subprocess.CompletedProcess[str], at_least: int = 2) -> list:
