@@ -3,7 +3,7 @@
 A test device and a package of its own: ``import emulated_dml`` installs nothing and imports
 nothing of dmlshim; what the two share (the switch names, the fused LSTM cell, CUDA's autocast
 kernels) lives in ``dmlshared``, which imports neither. What it reproduces of the real wheel, and the
-fidelity switches, are in the README ("The DirectML emulator"); each switch's behaviour is
+fidelity switches, are in docs/emulator.md ("Fidelity switches"); each switch's behaviour is
 modelled where it acts (``_ops.py`` wrong results, ``_fallback.py``/``_policy.py`` the CPU
 fallback and the dispatcher model, ``_tensor.py`` storage/inference-mode/bfloat16).
 

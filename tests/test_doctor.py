@@ -99,8 +99,8 @@ def _directml_extra_pin() -> str:
 
 def test_missing_torch_directml_names_an_install_that_works(capsys, monkeypatch, tmp_path):
     # dmlshim is not on the package index: `pip install "dmlshim[directml]"` finds nothing
-    # (README, Install). The doctor must name what does work: the checkout's extra, as README
-    # says, or the wheel itself at the extra's version.
+    # (README and docs/install.md). The doctor must name what does work: the checkout's extra, as
+    # they say, or the wheel itself at the extra's version.
     monkeypatch.setattr(doctor, "_directml_distribution", lambda: (None, None))
     monkeypatch.setattr(target, "directml_package_dir", lambda: None)
     dxg = tmp_path / "dxg"  # a driver present: the reason is then the missing package
@@ -116,8 +116,9 @@ def test_missing_torch_directml_names_an_install_that_works(capsys, monkeypatch,
     assert f"no DirectML adapter is usable: torch_directml is not installed ({hint}); " in out
     assert "dmlshim[directml]" not in out
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    install = readme.split("\n## Install", 1)[1].split("\n## ", 1)[0]
-    assert 'pip install -e ".[directml]"' in install and _directml_extra_pin() in install
+    guide = open(os.path.join(REPO, "docs", "install.md"), encoding="utf-8").read()
+    for install in (readme.split("\n## Install", 1)[1].split("\n## ", 1)[0], guide):
+        assert 'pip install -e ".[directml]"' in install and _directml_extra_pin() in install
 
 
 @pytest.mark.parametrize("machine, implementation", [("ARM64", "CPython"), ("AMD64", "PyPy")])

@@ -1,24 +1,32 @@
-"""The README shows what the code prints: every block marked ``<!-- sample: NAME -->`` in
-README.md is run (or read) and compared with what the code prints today, so when the code's
-output or the README changes and they no longer agree, a test here fails. The fix is usually to
-paste the new output into the README (the failure shows it).
+"""README.md and docs/*.md show what the code prints: every block marked
+``<!-- sample: NAME -->`` in README.md or a file of docs/ is run (or read) and compared with what
+the code prints today, so when the code's output or a document changes and they no longer agree, a
+test here fails. The fix is usually to paste the new output into the document (the failure
+shows it). Sample names are unique across the files.
 
-Sample conventions (README, "Which lines were changed"): a fenced block whose first line is
-``$ command`` holds that command's output as a terminal shows it (stdout and stderr together);
-the command is run as written, from the repository's root. ``...`` on a line of its own stands
-for any number of lines, and a line ending in ``...`` for the rest of that line. Normalised on
-both sides, because they differ from machine to machine and run to run: durations (``5.8 s``),
-the dmlshim version, the doctor's system rows (OS, Python, torch, torch_directml, DirectML,
-adapters, auto's pick) and the reason DirectML is unusable here, the report's file paths, and a
-temporary folder the test gives an output file (``--report run.json``). Lines torch prints about
-its build environment are dropped. Nothing else is: counts, call sites, texts and the doctor's
-layout must match as printed.
+Sample conventions (README, "What it prints"): a fenced block whose first line is ``$ command``
+holds that command's output as a terminal shows it (stdout and stderr together); the command is
+run as written, from the repository's root. ``...`` on a line of its own stands for any number
+of lines, and a line ending in ``...`` for the rest of that line. Normalised on both sides,
+because they differ from machine to machine and run to run: durations (``5.8 s``), the dmlshim
+version, the doctor's system rows (OS, Python, torch, torch_directml, DirectML, adapters, auto's
+pick) and the reason DirectML is unusable here, the report's file paths, and a temporary folder
+the test gives an output file (``--report run.json``). Lines torch prints about its build
+environment are dropped. Nothing else is: counts, call sites, texts and the doctor's layout must
+match as printed.
+
+Besides the samples: every relative link of README.md, docs/*.md and benchmarks/README.md
+resolves (the file exists, the anchor is a heading of it); the tables between
+``<!-- generated: NAME -->`` markers are what the code renders (``python tools/docs_tables.py``
+writes them); the known-bugs page's notes name guards that exist; the emulator page's switch
+table has a row per switch.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -29,13 +37,23 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 from helpers import DEFAULT_TIMEOUT, REPO, clean_env
 
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 _MARK = re.compile(r"^<!-- sample: ([\w-]+) -->$")
+
+
+def documents() -> List[Path]:
+    """The files whose samples are checked: README.md, then docs/*.md."""
+    return [README] + sorted(DOCS.glob("*.md"))
+
+
+def _rel(path: Path, root: Path = REPO) -> str:
+    return path.relative_to(root).as_posix()
 
 # torch's notes about its build environment (emulator's C++ guard): not the program's output
 _NOISE = (re.compile(r"No CUDA runtime is found, using CUDA_HOME"),)
@@ -44,6 +62,7 @@ _NOISE = (re.compile(r"No CUDA runtime is found, using CUDA_HOME"),)
 @dataclass(frozen=True)
 class Sample:
     name: str
+    path: str  # the document's, relative to the repository
     line: int  # of the marker, 1-based
     lang: str  # the fence's info string; "text" for a paragraph or table
     body: Tuple[str, ...]
@@ -54,13 +73,13 @@ class Sample:
         return first[2:] if first.startswith("$ ") else None
 
     def where(self) -> str:
-        return f"README.md:{self.line} (sample {self.name!r})"
+        return f"{self.path}:{self.line} (sample {self.name!r})"
 
 
-@functools.cache
-def readme_samples() -> Dict[str, Sample]:
-    lines = README.read_text(encoding="utf-8").splitlines()
-    out: Dict[str, Sample] = {}
+def _file_samples(path: Path, root: Path = REPO) -> List[Sample]:
+    rel = _rel(path, root)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: List[Sample] = []
     i = 0
     while i < len(lines):
         m = _MARK.match(lines[i].strip())
@@ -78,14 +97,26 @@ def readme_samples() -> Dict[str, Sample]:
             while k < len(lines) and lines[k].strip():
                 k += 1
             body = lines[j:k]
-        assert m.group(1) not in out, f"README.md:{i + 1}: a second sample named {m.group(1)!r}"
-        out[m.group(1)] = Sample(m.group(1), i + 1, lang, tuple(body))
+        out.append(Sample(m.group(1), rel, i + 1, lang, tuple(body)))
         i = k + 1
     return out
 
 
+@functools.cache
+def samples() -> Dict[str, Sample]:
+    """Every sample of README.md and docs/*.md, by name (unique across the files)."""
+    out: Dict[str, Sample] = {}
+    for path in documents():
+        for sample in _file_samples(path):
+            assert sample.name not in out, \
+                f"{sample.where()}: a second sample named {sample.name!r} " \
+                f"(the first: {out[sample.name].where()})"
+            out[sample.name] = sample
+    return out
+
+
 def command_samples() -> List[Sample]:
-    return [s for s in readme_samples().values() if s.command is not None]
+    return [s for s in samples().values() if s.command is not None]
 
 
 # -- running a sample's command ---------------------------------------------------------------
@@ -96,12 +127,12 @@ atexit.register(shutil.rmtree, _RUN_DIR, True)
 
 @functools.cache
 def run_sample(command: str) -> Tuple[str, str, int, Optional[Path]]:
-    """Run a README command from the repository's root: (stdout and stderr as a terminal shows
+    """Run a sample's command from the repository's root: (stdout and stderr as a terminal shows
     them, stdout alone, exit status, the report file it wrote if it names one). Once per command
     (the report sample reads the exit summary's run). The doctor's two streams are read apart
     (its stdout is compared), so they are not in a terminal's order there."""
     argv = shlex.split(command)
-    assert argv[0] == "python", f"a README sample command starts with python: {command}"
+    assert argv[0] == "python", f"a sample's command starts with python: {command}"
     argv[0] = sys.executable
     out_dir = Path(tempfile.mkdtemp(dir=_RUN_DIR))
     report = None
@@ -198,18 +229,31 @@ def assert_sample_matches(sample: Sample, printed: str) -> None:
         pytest.fail(
             f"{sample.where()} differs from what `{sample.command}` prints now.\n"
             f"first difference:\n{first_mismatch(want, got)}\n"
-            "--- what it prints (normalised; paste into the README, keeping its ... lines):\n"
+            f"--- what it prints (normalised; paste into {sample.path}, keeping its ... lines):\n"
             + "\n".join(got), pytrace=False)
 
 
 # -- the tests ---------------------------------------------------------------------------------
 
-def test_the_readme_has_the_samples_these_tests_read():
-    names = set(readme_samples())
+def test_the_documents_have_the_samples_these_tests_read():
+    names = set(samples())
     assert {"log-info", "exit-summary", "report", "report-keys", "doctor", "doctor-problem",
             "check", "options-table", "python-api"} <= names, sorted(names)
-    for sample in readme_samples().values():
+    for sample in samples().values():
         assert sample.body, f"{sample.where()}: no block or paragraph after the marker"
+    # the front door shows one run of the shim; each document's samples are read
+    assert any(s.path == "README.md" and s.command for s in samples().values())
+    assert {s.path for s in samples().values()} > {"README.md"}
+
+
+def test_sample_names_are_unique_across_the_documents(tmp_path):
+    one, two = tmp_path / "one.md", tmp_path / "two.md"
+    one.write_text("<!-- sample: x -->\n```\n$ python -V\n```\n", encoding="utf-8")
+    two.write_text("text\n\n<!-- sample: x -->\n| a |\n", encoding="utf-8")
+    found = [s for p in (one, two) for s in _file_samples(p, tmp_path)]
+    assert [(s.name, s.path, s.line, s.lang) for s in found] == [
+        ("x", "one.md", 1, ""), ("x", "two.md", 3, "text")]
+    assert found[1].where() == "two.md:3 (sample 'x')"
 
 
 @pytest.mark.parametrize("sample", command_samples(), ids=lambda s: s.name)
@@ -219,7 +263,7 @@ def test_command_sample_is_what_the_command_prints(sample: Sample):
 
 
 def _report_of_the_exit_summary_run() -> Dict[str, Any]:
-    command = readme_samples()["exit-summary"].command
+    command = samples()["exit-summary"].command
     assert command and "--report" in command, "the exit summary's run writes the report sample"
     merged, _, status, path = run_sample(command)
     assert status == 0 and path is not None and path.exists(), merged
@@ -229,7 +273,7 @@ def _report_of_the_exit_summary_run() -> Dict[str, Any]:
 def _assert_part(want: Any, got: Any, where: str) -> None:
     if isinstance(want, dict):
         assert isinstance(got, dict), f"{where}: the report has {got!r}"
-        assert set(want) == set(got), f"{where}: keys {sorted(want)} in the README, " \
+        assert set(want) == set(got), f"{where}: keys {sorted(want)} in the sample, " \
                                       f"{sorted(got)} in the report"
         for key, value in want.items():
             _assert_part(value, got[key], f"{where}.{key}")
@@ -250,11 +294,11 @@ def _assert_part(want: Any, got: Any, where: str) -> None:
         inside = os.path.relpath(got, REPO).replace(os.sep, "/")
         assert want.replace("\\", "/").endswith("/" + inside), f"{where}: {want!r} vs {got!r}"
     else:
-        assert want == got, f"{where}: {want!r} in the README, {got!r} in the report"
+        assert want == got, f"{where}: {want!r} in the sample, {got!r} in the report"
 
 
 def test_report_sample_is_part_of_the_report():
-    sample = readme_samples()["report"]
+    sample = samples()["report"]
     text = re.sub(r",\s*\.\.\.\s*(?=[\]}])", "", "\n".join(sample.body))  # ", ...]" elisions
     fragment = json.loads("{" + text + "}")
     report = _report_of_the_exit_summary_run()
@@ -267,7 +311,7 @@ def test_report_sample_is_part_of_the_report():
 
 
 def test_report_keys_are_the_reports():
-    sample = readme_samples()["report-keys"]
+    sample = samples()["report-keys"]
     text = " ".join(sample.body)
     assert "Top-level keys:" in text, sample.where()
     listed = re.findall(r"`(\w+)`", text.split("Top-level keys:", 1)[1])
@@ -290,7 +334,7 @@ def _help_options() -> Dict[str, Tuple[str, str, str]]:
 
 
 def test_options_table_is_what_help_says():
-    sample = readme_samples()["options-table"]
+    sample = samples()["options-table"]
     rows = [r for r in sample.body if r.startswith("| `--")]
     table: Dict[str, Tuple[str, str, str]] = {}
     for row in rows:
@@ -310,7 +354,7 @@ def test_options_table_is_what_help_says():
 
 
 def test_python_sample_runs():
-    sample = readme_samples()["python-api"]
+    sample = samples()["python-api"]
     assert sample.lang == "python", sample.where()
     proc = subprocess.run([sys.executable, "-c", "\n".join(sample.body)], cwd=str(REPO),
                           env=clean_env(), capture_output=True, text=True,
@@ -324,17 +368,128 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_readme_links_resolve():
-    text = README.read_text(encoding="utf-8")
-    anchors = {_slug(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if target.startswith(("http://", "https://")):
-            continue
-        path, _, anchor = target.partition("#")
-        if path:
-            assert (REPO / path).exists(), f"README links to {target}: no such file"
-        else:
-            assert anchor in anchors, f"README links to #{anchor}: no such heading"
+def _outside_fences(text: str) -> List[Tuple[int, str]]:
+    """(line number, line) of ``text``'s lines outside fenced code blocks."""
+    out, fence = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence:
+            out.append((number, line))
+    return out
+
+
+def anchors(path: Path) -> Set[str]:
+    """The anchors GitHub makes for ``path``'s headings (a repeated one gets -1, -2, ...)."""
+    seen: Dict[str, int] = {}
+    out: Set[str] = set()
+    for _, line in _outside_fences(path.read_text(encoding="utf-8")):
+        m = re.match(r"^#{1,6} (.*)$", line)
+        if m:
+            slug = _slug(m.group(1))
+            out.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def broken_links(path: Path, root: Path = REPO) -> List[str]:
+    """The relative links of the markdown file ``path`` that do not resolve: no such file, or
+    (into a markdown file) no such heading."""
+    problems = []
+    for number, line in _outside_fences(path.read_text(encoding="utf-8")):
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if re.match(r"^[a-z]+:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            where = f"{_rel(path, root)}:{number}: {target}"
+            if not dest.exists():
+                problems.append(f"{where}: no such file")
+            elif root not in dest.parents and dest != root:
+                problems.append(f"{where}: outside the repository")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                problems.append(f"{where}: no heading #{anchor} in {_rel(dest, root)}")
+    return problems
+
+
+def test_links_between_readme_and_docs_resolve():
+    files = documents() + [REPO / "benchmarks" / "README.md"]
+    problems = [p for path in files for p in broken_links(path)]
+    assert not problems, "\n".join(problems)
+    # README leads to every document of docs/
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", README.read_text(encoding="utf-8")))
+    assert linked == {p.name for p in DOCS.glob("*.md")}, sorted(linked)
+
+
+def test_the_link_check_fails_on_broken_links(tmp_path):
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("# A page\n\n## Twice\n\n## Twice\n", encoding="utf-8")
+    front = tmp_path / "README.md"
+    front.write_text("# Front: `x`\n\n[ok](docs/page.md#twice-1) [ok](#front-x) "
+                     "[web](https://example.org/#x)\n[bad](docs/none.md) [bad](docs/page.md#nope)"
+                     "\n[bad](#nope)\n```\n[code](nowhere.md)\n```\n", encoding="utf-8")
+    assert [p.split(": ", 1)[1] for p in broken_links(front, tmp_path)] == [
+        "docs/none.md: no such file", "docs/page.md#nope: no heading #nope in docs/page.md",
+        "#nope: no heading #nope in README.md"]
+
+
+# -- generated tables and what they name ---------------------------------------------------------
+
+def _docs_tables():
+    spec = importlib.util.spec_from_file_location("docs_tables", REPO / "tools" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_tables_are_what_the_code_renders():
+    tables = _docs_tables()
+    assert set(tables.TABLES) == {"known-bugs", "decompositions"}
+    stale = tables.stale()
+    assert not stale, f"{', '.join(stale)}: differ from what the code renders; " \
+                      f"run {tables.COMMAND}"
+
+
+def test_a_stale_generated_table_is_seen():
+    tables = _docs_tables()
+    text = (REPO / "docs" / "known-directml-bugs.md").read_text(encoding="utf-8")
+    assert tables.rendered("known-bugs", text) == text
+    from dmlshim.kernels.guards import records
+
+    row = next(line for line in text.splitlines() if line.startswith("| `eye` |"))
+    assert row in records.markdown_table()
+    edited = text.replace(row, row.replace("microsoft/DirectML#431", "not reported"))
+    assert tables.rendered("known-bugs", edited) == text
+    with pytest.raises(ValueError, match="0 blocks"):
+        tables.rendered("known-bugs", text.replace("<!-- end generated: known-bugs -->", ""))
+
+
+def _section(path: Path, heading: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    assert f"\n{heading}\n" in text, f"{_rel(path)}: no {heading!r}"
+    return text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_known_bugs_notes_name_guards_that_exist():
+    from dmlshim.kernels.guards import records
+
+    notes = _section(DOCS / "known-directml-bugs.md", "## Per guard: what the table does not say")
+    named = re.findall(r"^- `(\w+)`:", notes, re.M)
+    assert len(named) >= 15 and len(named) == len(set(named)), named
+    assert set(named) <= set(records.BY_NAME), set(named) - set(records.BY_NAME)
+    # in the records' order, as the table above them
+    assert named == [g.name for g in records.GUARDS if g.name in named]
+
+
+def test_the_emulator_page_has_a_row_per_switch():
+    from dmlshared import emulator_switches
+
+    table = _section(DOCS / "emulator.md", "## Fidelity switches")
+    rows = re.findall(r"^\| `([\w-]+)` \|", table, re.M)
+    assert len(rows) == len(set(rows))
+    assert set(rows) == set(emulator_switches.GAPS + emulator_switches.BUGS), \
+        set(rows) ^ set(emulator_switches.GAPS + emulator_switches.BUGS)
 
 
 def test_the_comparison_fails_where_sample_and_output_differ():

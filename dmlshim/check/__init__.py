@@ -1,4 +1,4 @@
-"""``DMLSHIM_CHECK``: is the device computing what the CPU computes? (see README "Is my training right?")
+"""``DMLSHIM_CHECK``: is the device computing what the CPU computes? (see docs/correctness.md)
 
 * :mod:`dmlshim.check.shadow`: the TorchDispatchMode that runs each device op again on CPU
   copies of its inputs during the first N optimizer steps;

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 # dtype -> (rtol, atol): |device - cpu| <= atol + rtol * |cpu| element by element (as
-# torch.isclose). Integers and bool must be equal. README.md "Is my training right?" states this.
+# torch.isclose). Integers and bool must be equal. docs/correctness.md states this.
 TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
     torch.float64: (1e-10, 1e-10),
     torch.float32: (1e-4, 1e-5),

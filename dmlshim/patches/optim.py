@@ -1,5 +1,5 @@
 """Optimizers and LR schedulers stay bound to the live Parameters (``DMLSHIM_OPTIMIZER``;
-the stall and the policies are in the README's "The training stall").
+the stall and the policies are in docs/training-stall.md).
 
 Mechanism: a remap, not ``torch.utils.swap_tensors``
 ----------------------------------------------------

@@ -1,6 +1,6 @@
 """A CUDA training script that hits one of torch-directml 0.2.5's silent wrong results: a
 per-sample weighted loss (``cross_entropy(reduction="none")`` backward, #739): it trains, the
-loss just does not go down as it should. Used by README "Is my training right?".
+loss just does not go down as it should. Used by docs/correctness.md.
 
 Prints ``loss <epoch> <step> <hex>`` like the other corpus scripts.
 """

@@ -41,7 +41,7 @@ TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
 SHIMMED: Dict[str, Tuple[str, Optional[str]]] = {
     "runner auto": ("runner", None), "runner cuda": ("runner", "cuda"),
     "import auto": ("import", None), "import cuda": ("import", "cuda")}
-# NCCL under torchrun, the two ways README gives, against native torchrun (auto)
+# NCCL under torchrun, the two ways docs/distributed.md gives, against native torchrun (auto)
 TORCHRUN_SHIMMED = {"torchrun -m dmlshim": ("torchrun -m dmlshim", None),
                     "dmlshim -m torchrun": ("dmlshim -m torchrun", None)}
 # what uninstall() cannot take back, as dmlshim.api.PERMANENT and target.py document: the

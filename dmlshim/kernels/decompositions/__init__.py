@@ -44,7 +44,7 @@ _COMPOSITE_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
 
 
 def all_decompositions() -> Tuple[Decomposition, ...]:
-    """Every decomposition dmlshim knows, in README order."""
+    """Every decomposition dmlshim knows, in the order of docs/cpu-fallbacks.md's table."""
     from dmlshim.kernels.decompositions import (
         activations,
         amp,
@@ -144,7 +144,8 @@ def register(decompositions: Optional[Iterable[Decomposition]] = None) -> Regist
 
 
 def markdown_table(decompositions: Optional[Iterable[Decomposition]] = None) -> str:
-    """The README table: operator, DirectML issue, training path, what replaces it."""
+    """The table of docs/cpu-fallbacks.md (tools/docs_tables.py writes it): operator, DirectML
+    issue, training path, what replaces it."""
     rows = ["| operator (torch-directml 0.2.5 CPU fallback) | DirectML issue | path | "
             "computed on the device from |", "|---|---|---|---|"]
     for dec in all_decompositions() if decompositions is None else decompositions:

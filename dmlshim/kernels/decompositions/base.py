@@ -15,7 +15,7 @@ class Decomposition:
 
     op: str  # schema name with overload, as torch-directml's warning names it: "aten::x.out"
     issues: Tuple[int, ...]  # microsoft/DirectML issue numbers (empty: not reported there)
-    area: str  # the training path it sits on, for the README table
+    area: str  # the training path it sits on, for the table of docs/cpu-fallbacks.md
     replaced_by: str  # what computes it instead (ops torch-directml implements)
     kernel: Callable
     # register when this operator falls back, rather than ``op`` itself: a ``_foreach_*``
