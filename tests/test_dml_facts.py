@@ -285,7 +285,6 @@ def inplace_alias():
         return torch.tensor([1.0, 2.0, 3.0, 4.0]).to(dev)
     a = x(); a -= a
     b = x(); b.sub_(b.detach(), alpha=2)
-    c = x(); c.add_(c, alpha=-1)
     d = x(); d.sub_(d.view(4))
     e = x(); torch.sub(x() * 10, e, out=e)
     f = x(); f.add_(x(), alpha=-1)
@@ -300,11 +299,17 @@ def inplace_alias():
         refused = enc(overlap)
     except RuntimeError as err:
         refused = str(err).split(".")[0]
-    return {"isub_self": enc(a), "sub_detach_alpha": enc(b), "add_self_alpha": enc(c),
+    return {"isub_self": enc(a), "sub_detach_alpha": enc(b),
             "sub_view": enc(d), "sub_out_other": enc(e), "add_distinct_alpha": enc(f),
             "half_self": enc(g), "grad_out": enc(y), "grad": enc(xi.grad),
             "partial_overlap": refused}
 case("inplace_alias", inplace_alias)
+def add_alias_alpha():
+    # add_ with an alpha is wrong the same way, and not guarded (docs/known-directml-bugs.md)
+    c = torch.tensor([1.0, 2.0, 3.0, 4.0]).to(dev)
+    c.add_(c, alpha=-1)
+    return enc(c)
+case("add_alias_alpha", add_alias_alpha)
 def gather_empty():
     xi = leaf(torch.randn(3, 16))
     y = torch.log_softmax(xi, 1).gather(1, torch.zeros(3, 0, dtype=torch.long).to(dev))
@@ -582,8 +587,11 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     assert wheel["sub_empty"]["sub"]["shape"] == [0, 0]
     # alpha and the sign dropped: x + other in place, self copied in first with out=
     alias = wheel["inplace_alias"]
-    for form in ("isub_self", "sub_detach_alpha", "add_self_alpha", "sub_view"):
+    for form in ("isub_self", "sub_detach_alpha", "sub_view"):
         assert alias[form]["values"] == [2.0, 4.0, 6.0, 8.0], (form, alias)
+    # add_ with an alpha: the same fault, left to the wheel (not guarded: a frame on every add_)
+    assert wheel["add_alias_alpha"]["values"] == [2.0, 4.0, 6.0, 8.0], wheel["add_alias_alpha"]
+    assert runs["shim"]["add_alias_alpha"] == wheel["add_alias_alpha"]
     assert alias["sub_out_other"]["values"] == [20.0, 40.0, 60.0, 80.0], alias
     assert alias["partial_overlap"]["values"] == [2.0, 3.0, 4.0, 5.0], alias
     assert alias["add_distinct_alpha"] == cpu["inplace_alias"]["add_distinct_alpha"]
@@ -614,9 +622,9 @@ def test_guard_counters(runs):
     assert notes["guard.rsub_number"] == 4 and notes["guard.split_empty"] == 2
     assert notes["guard.non_blocking_to_host"] == 2 and notes["guard.sub_empty"] == 3
     assert notes["guard.cat_empty"] == 5 and notes["guard.slice_empty"] >= 5
-    # (isub_self, sub_detach_alpha, add_self_alpha, sub_view, sub_out_other, y -= y.detach(),
-    # the fresh pair of add_distinct_alpha at equal versions, and the partial overlap refused)
-    assert notes["guard.inplace_alias"] == 8
+    # (isub_self, sub_detach_alpha, sub_view, sub_out_other, y -= y.detach(), and the partial
+    # overlap refused; add_ is not guarded)
+    assert notes["guard.inplace_alias"] == 6
 
 
 def test_the_facts_run_notes_what_the_records_say(runs):

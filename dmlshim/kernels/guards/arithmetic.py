@@ -1,13 +1,11 @@
 """Guards of the arithmetic operators, all input fixes above autograd (the wheel's own kernel runs
-behind them): mul_bool (#686, #737), rsub_number, sub_empty, inplace_alias (its ``out=`` and
-in-place operators here, and the ``Tensor.add_`` method wrapper that dmlshim.patches.guards
-installs for it).
+behind them): mul_bool (#686, #737), rsub_number, sub_empty, inplace_alias (sub_ and the
+``out=`` forms of add and sub).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
 
 import torch
 
@@ -136,10 +134,12 @@ def sub__tensor(self: Tensor, other, alpha=1) -> Tensor:
 # share one version counter: equal versions are the cheap test (a fresh pair at version 0
 # passes it too, and then pays one copy more, with the right result). There the result is
 # computed out of place and copied in (autograd records both); anything else goes to the
-# wheel's own kernel. sub_ is on this path above; add_ is wrong only with an alpha, which
-# Python code alone passes (Tensor.add_: dmlshim.patches.guards wraps the method with
-# :func:`add_alpha_wrapper`, so that ``out += identity`` and the add_ calls of foreach ops and
-# gradient accumulation, made with alpha 1 and right on the wheel, stay off Python).
+# wheel's own kernel. sub_ is on this path above. add_ is wrong only with an alpha, and is not
+# guarded: a kernel for add_.Tensor would be a Python frame on every add_ (``out += identity``
+# of every residual block, the foreach ops' per-tensor add_, gradient accumulation), and a
+# wrapper of the method Tensor.add_ one on every Python call (BatchNorm's
+# ``num_batches_tracked.add_(1)`` in every layer): ``x.sub_(y, alpha=a)`` is the guarded form
+# of ``x.add_(y, alpha=-a)`` (docs/known-directml-bugs.md).
 
 OVERLAP_MESSAGE = ("unsupported operation: some elements of the input tensor and the written-to "
                    "tensor refer to a single memory location. Please clone() the tensor before "
@@ -171,24 +171,3 @@ def _out_form(self: Tensor, other, *, alpha=1, out: Tensor, op) -> Tensor:
 
 add_out = functools.partial(_out_form, op=_ADD)
 sub_out = functools.partial(_out_form, op=_SUB)
-
-
-def add_alpha_wrapper(device_type: str) -> Callable[..., Any]:
-    """The wrapper of ``Tensor.add_(other, alpha=a)``, a != 1, where ``other`` may share the
-    tensor's memory. The method, not the op: add_ with alpha 1 is right on the wheel and is the
-    one C++ callers make (``out += identity``, foreach ops, gradient accumulation), which stay
-    off Python; an alpha comes from Python code alone."""
-    f32 = torch.float32
-
-    def wrapper(wrapped, instance, args, kwargs):
-        alpha = kwargs.get("alpha", 1) if kwargs else 1
-        if alpha == 1 or instance.dtype is not f32 or instance.device.type != device_type:
-            return wrapped(*args, **kwargs)
-        other = args[0] if args else kwargs.get("other")
-        if isinstance(other, torch.Tensor) and not other.is_cpu \
-                and (other is instance or other._version == instance._version):
-            # the result computed out of place and copied in, as sub_'s kernel does
-            return _written_through_a_copy(instance, _ADD, instance, other, alpha)
-        return wrapped(*args, **kwargs)
-
-    return wrapper

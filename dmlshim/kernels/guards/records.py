@@ -263,15 +263,15 @@ GUARDS: Tuple[Guard, ...] = (
           notes=("guard.sub_empty",), emulator=("sub-empty",), real_lane_test=_YOLO),
     Guard("inplace_alias", "float32 add/sub written into a tensor that shares memory with the "
           "other operand drop alpha and the sign (x -= x gives 2x)", NOT_REPORTED,
-          (LINUX_WHEEL, WINDOWS_DLL), (INPUT_FIX, WRAPPER),
-          "where the version counters are equal the result is computed out of place and copied "
-          "in; a view of another shape gets torch's partial-overlap error; add_ only with an "
-          "alpha, as the method", _facts("inplace_alias"),
+          (LINUX_WHEEL, WINDOWS_DLL), (INPUT_FIX,),
+          "sub_ and the out= forms: where the version counters are equal the result is computed "
+          "out of place and copied in; a view of another shape gets torch's partial-overlap "
+          "error (add_ with an alpha is not guarded: see docs/known-directml-bugs.md)",
+          _facts("inplace_alias"),
           kernels={"sub_.Tensor": arithmetic.sub__tensor, "add.out": arithmetic.add_out,
                    "sub.out": arithmetic.sub_out},
-          wraps=(Wrap("torch.Tensor", "add_", arithmetic.add_alpha_wrapper),),
           notes=("guard.inplace_alias",), emulator=("inplace-alias",), real_lane_test=BATTERY,
-          battery=("sub_self_inplace", "add_detached_alpha", "sub_out_other")),
+          battery=("sub_self_inplace", "sub_out_other")),
     Guard("split_empty", "split/chunk of an empty tensor raises E_INVALIDARG", NOT_REPORTED,
           (LINUX_WHEEL,), (INPUT_FIX,), "an empty tensor is cut with narrow (views, as "
           "split's)", _facts("split_empty"),
