@@ -6,6 +6,9 @@ Frames of ``emulated_dml/`` are not counted: they stand in for torch-directml's 
 dmlshim frame is, wherever it is entered from (the emulator calling a wrapped torch factory
 counts: on the real wheel that call is C++ and never reaches the shim).
 
+``--zoo``: the model zoo instead (benchmarks/zoo/train.py's models and recipe: AdamW, a
+GradScaler, ``clip_grad_norm_(..., 1.0)``), its frames per step against issue 37's limits.
+
 Workloads (``--workload``):
 
 * ``mlp``: 3-layer MLP, AdamW, StepLR;
@@ -34,6 +37,8 @@ not with the emulator's raw one.
     python benchmarks/hotpath_frames.py --one emulated-dml --workload mlp --json
     python benchmarks/hotpath_frames.py --one emulated-dml --count --json
     python benchmarks/hotpath_frames.py --device emulated-dml --emulator-memory 4096
+    python benchmarks/hotpath_frames.py --zoo --steps 3              # the zoo on emulated-dml
+    python benchmarks/hotpath_frames.py --one emulated-dml --zoo --zoo-model gpt2 --json
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOVES_PER_STEP = 3  # entry-point calls the `moves` step makes itself
 WORKLOADS = ("mlp", "transformer2", "transformer4")
+# the model zoo (benchmarks/zoo/train.py) and issue 37's budget of shim frames per step, default
+# options: whatever grows with the parameters or layers breaks it
+ZOO = ("resnet50", "vit", "gpt2", "bert", "unet", "lstm_lm", "yolov8n")
+ZOO_LIMITS = {"resnet50": 20, "vit": 20, "gpt2": 40, "bert": 20, "unet": 60, "lstm_lm": 20,
+              "yolov8n": 200}
 _ALLOCS = ("aten::empty.memory_format", "aten::empty_strided", "aten::empty.out", "aten::empty_like",
            "aten::empty_strided.out")
 
@@ -175,6 +185,83 @@ def _device_calls_mode(device_type: str):
     return DeviceCalls()
 
 
+def count_frames(pkg: str, step, steps: int) -> Dict[str, object]:
+    """dmlshim's frames per call of ``step`` (``sys.setprofile``'s ``call`` events whose code lies
+    in the package ``pkg``), over ``steps`` calls: in total, in device kernels (decompositions,
+    guards), and by function (with where it was entered from, outside the shim)."""
+    kern = pkg + os.path.join("kernels", "decompositions") + os.sep  # op kernels for the device
+    guard_dir = pkg + os.path.join("kernels", "guards") + os.sep
+    shim: Counter = Counter()
+    kernels = guards = 0
+
+    def profile(frame, event, arg):  # noqa: ARG001
+        nonlocal kernels, guards
+        if event != "call":
+            return
+        code = frame.f_code
+        fname = code.co_filename
+        if not fname.startswith(pkg):
+            return  # emulated_dml/ lies beside dmlshim/, not in it
+        if fname.startswith(kern):
+            kernels += 1
+        elif fname.startswith(guard_dir):
+            guards += 1
+        key = f"{os.path.relpath(fname, pkg)}:{code.co_name}"
+        back = frame.f_back
+        if back is not None and not back.f_code.co_filename.startswith(pkg):
+            # entered from outside the shim: say from where (torch's own code, the script)
+            key += f" <- {os.path.basename(back.f_code.co_filename)}:{back.f_code.co_name}"
+        shim[key] += 1
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        sys.setprofile(None)
+    return {"shim_per_step": sum(shim.values()) / steps, "kernels_per_step": kernels / steps,
+            "guards_per_step": guards / steps,
+            "functions": {k: v / steps for k, v in shim.most_common()}}
+
+
+def measure_zoo(device: str, model: str, steps: int, warmup: int) -> Dict[str, object]:
+    """Frames per step of a zoo model (benchmarks/zoo/train.py: AdamW, GradScaler,
+    ``clip_grad_norm_(..., 1.0)``, the autocast region) with default options, its batches on the
+    device already."""
+    os.environ["DMLSHIM_DISABLE"] = "1"  # import only; install() below
+    sys.path.insert(0, REPO)
+    import importlib.util
+
+    import torch
+
+    import dmlshim
+
+    dmlshim.install(device=device)
+    pkg = os.path.dirname(os.path.abspath(dmlshim.__file__)) + os.sep
+    spec = importlib.util.spec_from_file_location(
+        "zoo_train", os.path.join(REPO, "benchmarks", "zoo", "train.py"))
+    zoo = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(zoo)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    task = zoo.MODELS[model]()
+    task.model = task.model.to("cuda").train()
+    opt = torch.optim.AdamW(task.model.parameters(), lr=task.lr, weight_decay=0.01)
+    scaler = torch.amp.GradScaler("cuda")
+    g = torch.Generator().manual_seed(1)
+    dev = next(task.model.parameters()).device
+    batches = [zoo.to_device(task.batch(g), dev) for _ in range(warmup + steps)]
+    for batch in batches[:warmup]:
+        zoo.train_step(task, opt, scaler, batch)
+    rest = iter(batches[warmup:])
+    out: Dict[str, object] = {"device": device, "model": model, "torch": torch.__version__,
+                              "steps": steps,
+                              "parameters": sum(1 for _ in task.model.parameters())}
+    out["plain"] = count_frames(pkg, lambda: zoo.train_step(task, opt, scaler, next(rest)), steps)
+    return out
+
+
 def measure(device: str, workload: str, steps: int, warmup: int, emulator_memory: str = "",
             count: bool = False) -> Dict[str, object]:
     os.environ["DMLSHIM_DISABLE"] = "1"  # import only; install() below
@@ -185,8 +272,6 @@ def measure(device: str, workload: str, steps: int, warmup: int, emulator_memory
 
     dmlshim.install(device=device, emulator_memory=emulator_memory)
     pkg = os.path.dirname(os.path.abspath(dmlshim.__file__)) + os.sep
-    kern = pkg + os.path.join("kernels", "decompositions") + os.sep  # op kernels for the device
-    guard_dir = pkg + os.path.join("kernels", "guards") + os.sep
     torch.set_num_threads(1)
     model, opt, sched, x_host, y_host, loss_of = build(workload)
     x_dev, y_dev = x_host.cuda(), y_host.cuda()
@@ -212,38 +297,7 @@ def measure(device: str, workload: str, steps: int, warmup: int, emulator_memory
     for kind in ("plain", "moves"):
         for _ in range(warmup):
             step(kind == "moves")
-        shim: Counter = Counter()
-        kernels = guards = 0
-
-        def profile(frame, event, arg, shim=shim):  # noqa: ARG001
-            nonlocal kernels, guards
-            if event != "call":
-                return
-            code = frame.f_code
-            fname = code.co_filename
-            if not fname.startswith(pkg):
-                return  # emulated_dml/ lies beside dmlshim/, not in it
-            if fname.startswith(kern):
-                kernels += 1
-            elif fname.startswith(guard_dir):
-                guards += 1
-            key = f"{os.path.relpath(fname, pkg)}:{code.co_name}"
-            back = frame.f_back
-            if back is not None and not back.f_code.co_filename.startswith(pkg):
-                # entered from outside the shim: say from where (torch's own code, the script)
-                key += f" <- {os.path.basename(back.f_code.co_filename)}:{back.f_code.co_name}"
-            shim[key] += 1
-
-        sys.setprofile(profile)
-        try:
-            for _ in range(steps):
-                step(kind == "moves")
-        finally:
-            sys.setprofile(None)
-        total = sum(shim.values())
-        out[kind] = {"shim_per_step": total / steps, "kernels_per_step": kernels / steps,
-                     "guards_per_step": guards / steps,
-                     "functions": {k: v / steps for k, v in shim.most_common()}}
+        out[kind] = count_frames(pkg, lambda kind=kind: step(kind == "moves"), steps)
     moves = out["moves"]["shim_per_step"] - out["plain"]["shim_per_step"]  # type: ignore[index]
     out["per_entry_point_call"] = moves / MOVES_PER_STEP
     if count:
@@ -253,6 +307,33 @@ def measure(device: str, workload: str, steps: int, warmup: int, emulator_memory
                 step(False)
         out["device_calls"] = {k: v / steps for k, v in sorted(mode.counts.items())}
     return out
+
+
+def _run_zoo(device: str, model: str, steps: int, warmup: int) -> Dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
+    cmd = [sys.executable, __file__, "--one", device, "--zoo", "--zoo-model", model, "--json",
+           "--steps", str(steps), "--warmup", str(warmup)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip()[-2000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def zoo_table(a) -> None:
+    print("| model | params | shim frames / step | limit | of them device kernels "
+          "| largest sources |")
+    print("|---|---:|---:|---:|---:|---|")
+    for device in a.device or ["emulated-dml"]:
+        for model in ZOO:
+            r = _run_zoo(device, model, a.steps, a.warmup)
+            plain = r["plain"]
+            top = ", ".join(f"{name.split(' ')[0]} {n:g}" for name, n in
+                            list(plain["functions"].items())[:3])
+            print(f"| {model} | {r['parameters']} | {plain['shim_per_step']:g} | "
+                  f"{ZOO_LIMITS[model]} | {plain['kernels_per_step'] + plain['guards_per_step']:g}"
+                  f" | {top} |")
+            for name, n in plain["functions"].items():
+                print(f"  {device} {model}: {n:g} x {name}", file=sys.stderr)
 
 
 def _run(device: str, workload: str, a, env: Dict[str, str], count: bool = False) -> Dict:
@@ -278,10 +359,19 @@ def main() -> None:
     p.add_argument("--emulator-memory", default="",
                    help="cap emulated adapters (MiB): an untyped OOM can then happen, as on "
                         "real DirectML")
+    p.add_argument("--zoo", action="store_true",
+                   help="the model zoo's frames per step (with --one: --zoo-model's)")
+    p.add_argument("--zoo-model", choices=ZOO)
     a = p.parse_args()
     if a.one:
-        result = measure(a.one, a.workload, a.steps, a.warmup, a.emulator_memory, a.count)
+        if a.zoo:
+            result = measure_zoo(a.one, a.zoo_model, a.steps, a.warmup)
+        else:
+            result = measure(a.one, a.workload, a.steps, a.warmup, a.emulator_memory, a.count)
         print(json.dumps(result) if a.json else json.dumps(result, indent=1))
+        return
+    if a.zoo:
+        zoo_table(a)
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
     raw_env = dict(env, DMLSHIM_DECOMPOSE="off", DMLSHIM_GUARDS="off")

@@ -32,6 +32,7 @@ PATCH_MODULES = (
     "dmlshim.patches.data",
     "dmlshim.patches.optim",
     "dmlshim.patches.optim_flags",
+    "dmlshim.patches.clip",
     "dmlshim.patches.amp",
     "dmlshim.patches.serialization",
     "dmlshim.patches.storage",
