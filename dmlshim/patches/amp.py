@@ -63,10 +63,8 @@ class AmpPlan:
         self.device_type = device_type  # "cpu" / "privateuseone", or None: regions run in float32
         self.dtypes = dtypes
         self.why_not = why_not
-
-    @property
-    def low_precision(self) -> bool:
-        return self.device_type is not None
+        # (an attribute, not a property: read at every autocast region, a frame each)
+        self.low_precision = device_type is not None
 
 
 def _autocast_dtypes(device_type: str, index: int = 0,
@@ -210,7 +208,9 @@ class AmpPatch(Patch):
 
     # -- autocast -------------------------------------------------------------------------
     def _autocast_init(self, wrapped, instance, args, kwargs):
-        bound = _bind(_AUTOCAST_PARAMS, args, kwargs)
+        # (every step enters a region: one frame on its paths, no helpers, each answer read once)
+        bound = dict(zip(_AUTOCAST_PARAMS, args))
+        bound.update(kwargs)
         if bound.get("device_type") != "cuda":
             return wrapped(*args, **kwargs)
         plan = self.plan
@@ -218,7 +218,13 @@ class AmpPatch(Patch):
         dtype = bound.get("dtype")
         # Probe before this call warns: the probe's catch_warnings() resets Python's
         # once-per-site warning registry, which would let this call's warning show twice.
-        on = plan.device_type if plan.low_precision else self.float32_device
+        float32_device = self._float32_probed  # "" none, None: not probed yet (the property)
+        if plan.low_precision:
+            on = plan.device_type
+        else:
+            if float32_device is None:
+                float32_device = self.float32_device or ""  # the first region probes
+            on = float32_device or None
         if not enabled:
             # autocast("cuda", enabled=False) inside a region turns autocast off where the
             # shim turned it on (an fp32 island, as on CUDA); its dtype is left as it is.
@@ -248,14 +254,16 @@ class AmpPatch(Patch):
                 why = plan.why_not
             events.warn_at_user_site(f"dmlshim: CUDA autocast requested but {why}; this region runs "
                               "in float32 (DMLSHIM_AMP=fp16)")
-        if self.float32_device is not None:
+        if float32_device is None:
+            float32_device = self.float32_device or ""
+        if float32_device:
             # float32: a region on the device whose autocast dtype is float32 (see the module
             # docstring), so a float16 input into a float32 layer computes as on CUDA.
-            bound["device_type"] = self.float32_device
+            bound["device_type"] = float32_device
             bound["dtype"] = torch.float16  # accepted by the constructor; replaced below
             result = wrapped(**bound)
             instance.fast_dtype = torch.float32
-            events.redirected("torch.autocast", "cuda", f"{self.float32_device} float32")
+            events.redirected("torch.autocast", "cuda", f"{float32_device} float32")
             return result
         bound["enabled"] = False
         events.redirected("torch.autocast", "cuda", "float32", tag="dropped")

@@ -419,11 +419,8 @@ def _unsupported(name: str, workaround: str) -> Callable[..., Any]:
     return fail
 
 
-def _shown(result: Any) -> Any:
-    """What the call-site log shows an emulated call returned: small values as they are."""
-    if result is None or isinstance(result, (bool, int, float, str, torch.device)):
-        return result if result is not None else "None"
-    return type(result).__name__
+# what the call-site log shows as it is when an emulated call returns it
+_SHOWN = (bool, int, float, str, torch.device)
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
@@ -814,7 +811,11 @@ class CudaAPIPatch(Patch):
                 if torch_caller:
                     return wrapped(*args, **kwargs)
                 result = emulation(*args, **kwargs)
-                events.redirected(api, args[0] if args else "", _shown(result), tag="emulated")
+                # what the call-site log shows it returned: small values as they are (written
+                # out: frameworks ask some of these every step)
+                shown = result if isinstance(result, _SHOWN) else (
+                    "None" if result is None else type(result).__name__)
+                events.redirected(api, args[0] if args else "", shown, tag="emulated")
                 return result
 
             return wrapper
