@@ -122,6 +122,39 @@ def test_no_frame_on_backward_or_step_capped_or_not(shim, memory):
     assert not oom.is_patched(torch.optim.Adam, "step")
 
 
+def test_a_caught_oom_frees_the_scripts_objects_without_the_garbage_collector(shim):
+    """As native CUDA's: once the script's ``except`` ends, nothing of the shim's translation
+    holds the error, so its traceback's frames (the script's model, optimizer, batch) go with
+    their last reference, not at the next collection (a cycle would keep them)."""
+    import weakref
+
+    shim(device="emulated-dml", emulator_memory="1")
+
+    class Model(torch.nn.Linear):
+        pass
+
+    def step():
+        model = Model(2, 2)  # a local of the frame the OOM's traceback passes through
+        torch.zeros(MIB, device="cuda")  # 4 MiB: does not fit
+        return model
+
+    def run():
+        try:
+            step()
+        except torch.cuda.OutOfMemoryError as err:
+            return weakref.ref(err.__traceback__.tb_next.tb_frame.f_locals["model"])
+        raise AssertionError("no OOM")
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        ref = run()
+        assert ref() is None, gc.get_referrers(ref())  # freed by reference counting alone
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_uninstall_lifts_the_cap(shim):
     shim(device="emulated-dml", emulator_memory="1")
     with pytest.raises(torch.cuda.OutOfMemoryError):
