@@ -96,8 +96,15 @@ class AllowListGuard:
 
 def install() -> Optional[AllowListGuard]:
     """Put a guard first on ``sys.meta_path`` (None: torch.distributed.tensor is imported
-    already, or a guard is there); the caller (api.Shim) removes it at uninstall."""
+    already, a guard is there, or torch is older than 2.5); the caller (api.Shim) removes it at uninstall."""
     if MODULE in sys.modules or any(isinstance(f, AllowListGuard) for f in sys.meta_path):
+        return None
+    import torch
+
+    if torch.torch_version.TorchVersion(torch.__version__) < (2, 5):
+        # torch 2.4's C++ never imports it (libtorch_python names no torch.distributed.tensor):
+        # a finder there would only be asked about every failed import, torch.cuda.amp's
+        # find_spec("torch_xla") in each autocast region included
         return None
     guard = AllowListGuard()
     sys.meta_path.insert(0, guard)

@@ -284,10 +284,14 @@ def _layer_norm_bwd_gap(func, plan, args, kwargs):
     return run_on_cpu(func, plan, args, kwargs)
 
 
+_ARANGE = torch._C._VariableFunctions.arange
+
+
 def _plane_offsets(x: torch.Tensor, out_shape) -> torch.Tensor:
     """(n * C + c) * H * W for each output element of a pooling of ``x`` (CPU tensor)."""
     planes = x.numel() // max(x.shape[-2] * x.shape[-1], 1)
-    base = torch.arange(planes, dtype=torch.int64) * (x.shape[-2] * x.shape[-1])
+    # torch's C function: torch.arange may be a shim's wrapper, whose frame is not the wheel's
+    base = _ARANGE(planes, dtype=torch.int64) * (x.shape[-2] * x.shape[-1])
     return base.reshape(list(out_shape[:-2]) + [1, 1])
 
 

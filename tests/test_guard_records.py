@@ -203,11 +203,16 @@ def test_the_battery_cases_are_the_lanes():
 
 
 def _noted(path: pathlib.Path) -> Iterator[str]:
-    """The event names ``events.note("...")`` calls in ``path`` note."""
+    """The event names ``path`` notes: ``events.note("...")`` calls, and the inline form the
+    guards use (``shim.events.notes["..."] += 1``: events.note without its frame)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "events.note" \
                 and node.args and isinstance(node.args[0], ast.Constant):
             yield node.args[0].value
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Subscript) \
+                and ast.unparse(node.target.value).endswith("events.notes") \
+                and isinstance(node.target.slice, ast.Constant):
+            yield node.target.slice.value
 
 
 def test_the_notes_are_the_ones_the_code_notes():

@@ -37,7 +37,7 @@ import torch
 import torch.amp.autocast_mode as _autocast_mode
 import torch.amp.grad_scaler as _grad_scaler
 
-from dmlshim import events
+from dmlshim import current, events
 from dmlshim.patching import Owns, Patch
 
 log = logging.getLogger("dmlshim")
@@ -244,8 +244,15 @@ class AmpPatch(Patch):
         if not float32 and plan.low_precision and (dtype is None or dtype in plan.dtypes):
             bound["device_type"] = plan.device_type
             bound["dtype"] = torch.float16 if dtype is None else dtype
-            events.redirected("torch.autocast", "cuda", f"{plan.device_type} "
-                              f"{str(bound['dtype']).replace('torch.', '')}")
+            shim = current.session
+            if shim is None or shim.events.trace:
+                events.redirected("torch.autocast", "cuda", f"{plan.device_type} "
+                                  f"{str(bound['dtype']).replace('torch.', '')}")
+            else:  # events.redirected's count, inline (a region a step)
+                records = shim.events
+                records.api_counts["torch.autocast"] += 1
+                records.tag_counts["redirected"] += 1
+                records.api_tags["torch.autocast"] = "redirected"
             return wrapped(**bound)
         if plan.mode == "fp16" and not float32:
             if plan.low_precision:

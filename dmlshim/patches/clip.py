@@ -35,6 +35,8 @@ from torch.utils._foreach_utils import (
 
 from dmlshim.patching import Owns, Patch
 
+_TO = torch._C.TensorBase.to  # the coefficient's move: torch's C method, not the shim's wrapper
+
 _NON_FINITE = ("The total norm of order {} for gradients from `parameters` is non-finite, so it "
                "cannot be clipped. To disable this error and scale the gradients by the "
                "non-finite norm anyway, set `error_if_nonfinite=False`")
@@ -112,9 +114,9 @@ def _clip_grad_norm_(wrapped, instance, args, kwargs):
         for (device, _), ([device_grads], _) in grouped.items():
             if (foreach is None and _has_foreach_support(device_grads, device)) or (
                     foreach and _device_has_foreach_support(device)):
-                torch._foreach_mul_(device_grads, clamped.to(device))
+                torch._foreach_mul_(device_grads, _TO(clamped, device))
             else:  # (foreach=True without support raised above, in total_norm)
-                on_device = clamped.to(device)
+                on_device = _TO(clamped, device)
                 for g in device_grads:
                     g.mul_(on_device)
     return total

@@ -508,6 +508,13 @@ def reset_accumulated_host_memory_stats() -> None:
     return None
 
 
+# the emulations whose answer never changes (called without arguments, the wrapper returns it)
+_NOT_CONSTANT = object()
+CONSTANT_ANSWERS: Dict[Callable[..., Any], Any] = {
+    is_available: True, is_initialized: True, init: None, is_current_stream_capturing: False,
+    is_tf32_supported: False, ipc_collect: None,
+}
+
 EMULATED: Dict[str, Callable[..., Any]] = {
     "is_available": is_available,
     "is_initialized": is_initialized,
@@ -803,6 +810,7 @@ class CudaAPIPatch(Patch):
 
         def route(name: str, emulation: Callable[..., Any], api: str = ""):
             api = api or "torch.cuda." + name
+            constant = CONSTANT_ANSWERS.get(emulation, _NOT_CONSTANT)
 
             def wrapper(wrapped, instance, args, kwargs):
                 torch_caller = callers.get(sys._getframe(1).f_code)
@@ -810,9 +818,20 @@ class CudaAPIPatch(Patch):
                     torch_caller = called_from_torch()
                 if torch_caller:
                     return wrapped(*args, **kwargs)
-                result = emulation(*args, **kwargs)
-                # what the call-site log shows it returned: small values as they are (written
-                # out: frameworks ask some of these every step)
+                if constant is not _NOT_CONSTANT and not args and not kwargs:
+                    result = constant  # the emulation's answer, without its frame
+                else:
+                    result = emulation(*args, **kwargs)
+                shim = current.session
+                records = shim.events if shim is not None else None
+                if records is not None and not records.trace:
+                    # events.redirected's count, inline (frameworks ask some of these every
+                    # step: transformers is_current_stream_capturing() twice per forward)
+                    records.api_counts[api] += 1
+                    records.tag_counts["emulated"] += 1
+                    records.api_tags[api] = "emulated"
+                    return result
+                # what the call-site log shows it returned: small values as they are
                 shown = result if isinstance(result, _SHOWN) else (
                     "None" if result is None else type(result).__name__)
                 events.redirected(api, args[0] if args else "", shown, tag="emulated")

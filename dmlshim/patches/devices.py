@@ -159,7 +159,14 @@ def _device_kwarg(rw: conversions.Rewriters, api: str, position: Optional[int] =
                         conversions.record(api, moved, (dtype, new_dtype))
                         return wrapped(*args, **dict(kwargs, dtype=new_dtype))
             if moved is not None:
-                events.redirected(api, moved[0], moved[1], arg=moved[2])
+                shim = current.session
+                if shim is None or shim.events.trace:
+                    events.redirected(api, moved[0], moved[1], arg=moved[2])
+                else:  # events.redirected's count, inline
+                    records = shim.events
+                    records.api_counts[api] += 1
+                    records.tag_counts["redirected"] += 1
+                    records.api_tags[api] = "redirected"
             return wrapped(*args, **kwargs)
         except RuntimeError as exc:  # DirectML's untyped OOM becomes CUDA's
             oom_reraise(exc)
@@ -259,7 +266,9 @@ def _tensor_type(rw: conversions.Rewriters, t_to: Any):
         try:
             arg = args[0] if args else kwargs.get("dtype")
             policy = rw.policies.get("Tensor.type")
-            dtype = policy(arg) if policy is not None and arg is not None else None
+            # a torch.dtype (x.type(y.dtype): YOLOv8's loss) is never a legacy type: no call
+            dtype = policy(arg) if policy is not None and arg is not None \
+                and type(arg) is not _DTYPE else None
             if dtype is None:
                 return wrapped(*args, **kwargs)
             dev = map_device("cuda")

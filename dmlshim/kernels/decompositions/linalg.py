@@ -23,7 +23,11 @@ def addmv_out(self: Tensor, mat: Tensor, vec: Tensor, *, beta=1, alpha=1, out: T
         value = product
     else:
         value = product + (self if beta == 1 else self * beta)
-    return write_out(out, value.expand(mat.size(0)) if value.dim() == 0 else value)
+    if value.dim() == 0:
+        value = value.expand(mat.size(0))
+    if out.shape != value.shape:  # write_out, inline (YOLOv8's loss: every step)
+        write_out(out, value)  # raises
+    return out.copy_(value)
 
 
 DECOMPOSITIONS = (

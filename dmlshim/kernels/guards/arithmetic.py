@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 from dmlshim.kernels.guards.passthrough import EXCLUDE, INCLUDE, NOT_HERE, OTHER
 
 Tensor = torch.Tensor
@@ -35,7 +35,8 @@ def mul_tensor(self, other) -> Tensor:
         pass
     else:
         if (a is _BOOL) is not (b is _BOOL) and (a.is_floating_point or b.is_floating_point):
-            events.note("guard.mul_bool")
+            if (shim := current.session) is not None:
+                shim.events.notes["guard.mul_bool"] += 1
             if a is _BOOL:
                 self = _TO(self, b)
             else:
@@ -51,7 +52,8 @@ def mul__tensor(self: Tensor, other) -> Tensor:
         pass
     else:
         if b is _BOOL and self.dtype.is_floating_point:
-            events.note("guard.mul_bool")
+            if (shim := current.session) is not None:
+                shim.events.notes["guard.mul_bool"] += 1
             other = _TO(other, self.dtype)
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         return _MUL_(self, other)
@@ -75,7 +77,8 @@ def rsub_tensor(self: Tensor, other, alpha=1) -> Tensor:
             and other.device.type == "cpu":
         other = _ITEM(other)  # the wrapped scalar of a Python float
     if isinstance(other, float) and self.dtype is not _BOOL:
-        events.note("guard.rsub_number")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.rsub_number"] += 1
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             scaled = _NEG(self) if alpha == 1 else _MUL(self, -alpha)
             return _ADD(scaled, other)
@@ -102,7 +105,8 @@ def _negated(other, alpha):
 def sub_tensor(self: Tensor, other, alpha=1) -> Tensor:
     if (self.numel() == 0 or (type(other) is Tensor and other.numel() == 0)) \
             and self.dtype is not _BOOL:
-        events.note("guard.sub_empty")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.sub_empty"] += 1
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return _ADD(self, _negated(other, alpha))
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
@@ -113,7 +117,8 @@ def sub__tensor(self: Tensor, other, alpha=1) -> Tensor:
     # in place, the wheel's binary kernels (add_, mul_, sub_) all give an empty self the shape
     # (0, 0): an empty self has nothing to compute, and stays as it is
     if self.numel() == 0 and self.dtype is not _BOOL:
-        events.note("guard.sub_empty")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.sub_empty"] += 1
         return self
     # (inplace_alias, below: the same kernel, as the dispatcher has one per op and key)
     if self.dtype is _F32 and isinstance(other, Tensor) and not other.is_cpu \
@@ -147,7 +152,8 @@ OVERLAP_MESSAGE = ("unsupported operation: some elements of the input tensor and
 
 
 def _written_through_a_copy(written: Tensor, op, self: Tensor, other: Tensor, alpha) -> Tensor:
-    events.note("guard.inplace_alias")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.inplace_alias"] += 1
     if other.shape != written.shape and (other._base is not None or written._base is not None) \
             and (other if other._base is None else other._base) \
             is (written if written._base is None else written._base):

@@ -10,12 +10,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 from dmlshim.kernels.guards.passthrough import ARANGE, EXCLUDE, INCLUDE, NOT_HERE, OTHER, wrap_dim
 
 Tensor = torch.Tensor
 aten = torch.ops.aten
 _NARROW = torch._C.TensorBase.narrow
+_TO = torch._C.TensorBase.to
 
 # -- torch.unique(return_counts=True) and (return_inverse=True) raise ------------------------
 # Above autograd (unique has no gradient): without either the wheel's own kernel; with one,
@@ -32,25 +33,35 @@ def unique2(self: Tensor, sorted: bool = True, return_inverse: bool = False,  # 
     if not return_counts and not return_inverse:
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return _UNIQUE2(self, sorted, return_inverse, return_counts)
-    events.note("guard.unique")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.unique"] += 1
     flat = self.reshape(-1)
     n = flat.numel()
     long = dict(dtype=torch.int64, device=self.device)
     values, perm = torch.sort(flat, dim=0, stable=True)
-    first = aten.ones.default([n], dtype=torch.bool, device=self.device)
-    if n > 1:
-        first = torch.cat([first[:1], torch.ne(values[1:], values[:-1])])
-    out = torch.masked_select(values, first)
-    inverse = aten.zeros.default([0], **long)
-    if return_inverse:
-        ids = torch.cumsum(first.to(torch.int64), 0) - 1
-        inverse = aten.zeros.default([n], **long).index_put_((perm,), ids)
-        inverse = inverse.reshape(self.shape)
-    if not return_counts:
-        return out, inverse, aten.zeros.default([0], **long)
-    starts = torch.nonzero(first).reshape(-1)
-    ends = torch.cat([starts[1:], aten.full.default([1], n, **long)])
-    return out, inverse, torch.sub(ends, starts)
+    if n == 0:  # nothing to mark: the empty answers (no empty operand reaches the wheel below)
+        inverse = aten.zeros.default(list(self.shape) if return_inverse else [0], **long)
+        return values, inverse, aten.zeros.default([0], **long)
+    # Every operand below is non-empty (n > 0; starts[1:] is taken only past one value), so the
+    # wheel's own kernels run with the guards skipped: the empty-operand guards (slice, cat,
+    # sub) are not needed, nor their frames
+    with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
+        first = aten.ones.default([n], dtype=torch.bool, device=self.device)
+        if n > 1:
+            first = torch.cat([first[:1], torch.ne(values[1:], values[:-1])])
+        out = torch.masked_select(values, first)
+        inverse = aten.zeros.default([0], **long)
+        if return_inverse:
+            ids = torch.sub(torch.cumsum(_TO(first, torch.int64), 0), 1)
+            inverse = aten.zeros.default([n], **long).index_put_((perm,), ids)
+            inverse = inverse.reshape(self.shape)
+        if not return_counts:
+            return out, inverse, aten.zeros.default([0], **long)
+        starts = torch.nonzero(first).reshape(-1)
+        ends = aten.full.default([1], n, **long)
+        if starts.shape[0] > 1:
+            ends = torch.cat([starts[1:], ends])
+        return out, inverse, torch.sub(ends, starts)
 
 
 # -- gather and scatter with a negative dim: wrong values (gather) or the partial-update error --
@@ -68,12 +79,14 @@ _RESHAPE = torch._C.TensorBase.reshape
 
 def gather(self: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
     if dim < 0:
-        dim = wrap_dim(dim, self.dim())
+        rank = self.dim()
+        dim = dim + rank if dim >= -rank else wrap_dim(dim, rank)
     if index.numel() == 0 and self.dim() == index.dim():
         # the wheel raises E_INVALIDARG on an empty index (YOLOv8's DFL loss on a batch
         # without matches): the empty result as a view of self, so autograd gives self a
         # zero gradient as gather's would
-        events.note("guard.gather_empty")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.gather_empty"] += 1
         return _RESHAPE(_NARROW(_RESHAPE(self, [-1]), 0, 0, 0), list(index.shape))
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         return _GATHER(self, dim, index, sparse_grad=sparse_grad)
@@ -83,7 +96,8 @@ def _scatter(self: Tensor, dim: int, index: Tensor, src, *, reduce: Optional[str
              op) -> Tensor:
     # scatter(_).src, .value, .reduce, .value_reduce (src a tensor or a number)
     if dim < 0:
-        dim = wrap_dim(dim, self.dim())
+        rank = self.dim()
+        dim = dim + rank if dim >= -rank else wrap_dim(dim, rank)
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         if reduce is None:
             return op(self, dim, index, src)
@@ -107,14 +121,19 @@ _SCATTER_ADD = torch._C._VariableFunctions.scatter_add
 _SCATTER_ADD_ = torch._C.TensorBase.scatter_add_
 
 
-def _scatter_add_args(self: Tensor, dim: int, index: Tensor, src: Tensor):
-    """(index tuple, values) for index_put, or None where the wheel's kernel should decide."""
+def _scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor, *, ops) -> Tensor:
+    wheels, index_put = ops  # (scatter_add, index_put) or their in-place forms
     rank = self.dim()
     if rank == 0 or index.dim() != rank or src.dim() != rank or src.dtype is not self.dtype \
             or index.dtype is not torch.int64:
-        return None
-    dim = wrap_dim(dim, rank)
-    events.note("guard.scatter_add")
+        with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
+            return wheels(self, dim, index, src)
+    if -rank <= dim < 0:
+        dim += rank
+    elif not 0 <= dim < rank:
+        dim = wrap_dim(dim, rank)  # torch's IndexError
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.scatter_add"] += 1
     shape = index.shape
     indices: List[Tensor] = []
     for k in range(rank):
@@ -133,16 +152,8 @@ def _scatter_add_args(self: Tensor, dim: int, index: Tensor, src: Tensor):
         for k in range(rank):
             if src.shape[k] != shape[k]:
                 src = src.narrow(k, 0, shape[k])
-    return indices, src
-
-
-def _scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor, *, ops) -> Tensor:
-    fixed = _scatter_add_args(self, dim, index, src)
-    wheels, index_put = ops  # (scatter_add, index_put) or their in-place forms
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
-        if fixed is None:
-            return wheels(self, dim, index, src)
-        return index_put(self, fixed[0], fixed[1], True)
+        return index_put(self, indices, src, True)
 
 
 scatter_add = functools.partial(_scatter_add, ops=(_SCATTER_ADD, _INDEX_PUT))

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 from dmlshim.kernels.guards.passthrough import ARANGE, EXCLUDE, INCLUDE, NOT_HERE, OTHER
 
 Tensor = torch.Tensor
@@ -35,7 +35,8 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
                  ignore_index: int, op) -> Tuple[Tensor, Tensor]:
     classes = self.shape[1] if self.dim() > 1 else self.shape[0]
     if ignore_index < 0 and ignore_index + classes >= 0:
-        events.note("guard.nll")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.nll"] += 1
         target = torch.where(torch.eq(target, ignore_index), classes, target)  # 2 launches
         ignore_index = classes
     if reduction != 0 or op is _NLL:
@@ -43,7 +44,8 @@ def _nll_forward(self: Tensor, target: Tensor, weight: Optional[Tensor], reducti
             return op(self, target, weight, reduction, ignore_index)
     # the 2-D forward with reduction none: -weight[t] * x[n, t, h, w], 0 where ignored, from
     # a one-hot selection along the classes (autograd records where and sum: no scatter)
-    events.note("guard.nll")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.nll"] += 1
     ignored = torch.eq(target, ignore_index)
     safe = torch.where(ignored, 0, target)
     zero = aten.zeros.default([], dtype=self.dtype, device=self.device)
@@ -60,13 +62,15 @@ def _nll_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Opt
     """d/dself of nll_loss(self, target, weight, reduction) times grad_output."""
     classes = self.shape[1] if self.dim() > 1 else self.shape[0]
     if ignore_index < 0 and ignore_index + classes >= 0:  # as in the forward
-        events.note("guard.nll")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.nll"] += 1
         target = torch.where(torch.eq(target, ignore_index), classes, target)  # 2 launches
         ignore_index = classes
     if reduction != 0:
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return op(grad_output, self, target, weight, reduction, ignore_index, total_weight)
-    events.note("guard.nll_none")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.nll_none"] += 1
     x = self.unsqueeze(0) if self.dim() == 1 else self
     t = target.unsqueeze(0) if self.dim() == 1 else target
     g = grad_output.unsqueeze(0) if self.dim() == 1 else grad_output

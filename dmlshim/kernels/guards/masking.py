@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 from dmlshim.kernels.guards.passthrough import EXCLUDE, INCLUDE, NOT_HERE, OTHER
 
 Tensor = torch.Tensor
@@ -23,7 +23,8 @@ _DTYPE_NAMES = {torch.uint8: "unsigned char", torch.int8: "signed char", torch.i
 
 def _check_mask(mask: Tensor) -> None:
     if mask.dtype is not torch.bool:  # the CPU's (and CUDA's) check, word for word
-        events.note("guard.masked_fill_uint8")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.masked_fill_uint8"] += 1
         raise RuntimeError(MASK_MESSAGE.format(_DTYPE_NAMES.get(mask.dtype, str(mask.dtype))))
 
 

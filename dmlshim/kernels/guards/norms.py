@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 
-from dmlshim import events
+from dmlshim import current, events
 from dmlshim.kernels.guards.passthrough import EXCLUDE, INCLUDE, NOT_HERE, OTHER
 
 Tensor = torch.Tensor
@@ -37,7 +37,8 @@ def native_layer_norm_backward(grad_out: Tensor, input: Tensor,  # noqa: A002 - 
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return _LAYER_NORM_BACKWARD(grad_out, input, normalized_shape, mean, rstd, weight,
                                         bias, output_mask)
-    events.note("guard.layer_norm_nobias")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.layer_norm_nobias"] += 1
     mask = [bool(m) for m in output_mask]
     k = len(normalized_shape)
     axis = input.dim() - k
@@ -79,7 +80,8 @@ def native_batch_norm_backward(grad_out: Tensor, input: Tensor,  # noqa: A002 - 
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return _BN_BACKWARD(grad_out, input, weight, running_mean, running_var, save_mean,
                                 save_invstd, train, eps, output_mask)
-    events.note("guard.bn_mixed_backward")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.bn_mixed_backward"] += 1
     dtype = weight.dtype
     if save_mean is not None and save_mean.dtype is not dtype:
         save_mean = _TO(save_mean, dtype)
@@ -118,7 +120,8 @@ def batch_norm_stats_wrapper(device_type: str) -> Callable[..., Any]:
         momentum = b.get("momentum", 0.1)
         out = wrapped(x, None, None, b.get("weight"), b.get("bias"), True, momentum,
                       b.get("eps", 1e-5))
-        events.note("guard.bn_stats")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.bn_stats"] += 1
         events.redirected("F.batch_norm", "running stats", "updated by dmlshim (#362)",
                           tag="emulated")
         with torch.no_grad():

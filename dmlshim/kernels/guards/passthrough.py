@@ -8,6 +8,11 @@ AutogradPrivateUse1's): the derivative is recorded, and the op goes on below aut
 wheel's kernel. Torch's C functions (``torch._C._VariableFunctions``, ``torch._C._nn``,
 ``TensorBase`` methods) make the call unboxed and accept numbers where the dispatcher does; ops
 without one are called boxed through ``OpOverload._op``, functional ones only.
+
+A guard costs one Python frame per call, firing or not: it counts what it did inline
+(``if (shim := current.session) is not None: shim.events.notes[name] += 1``, what
+``events.note`` does), makes a dim non-negative inline, and builds its lists with loops
+(a comprehension is a frame of its own on Python < 3.12); a helper is called only to raise.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 
 Tensor = torch.Tensor
 _TO = torch._C.TensorBase.to
@@ -44,7 +44,8 @@ def blocking_copy_to_host(device_type: str) -> Callable[[Tensor], bool]:
     def blocking(tensor: Tensor) -> bool:
         if tensor.device.type != device_type:
             return False
-        events.note("guard.non_blocking_to_host")
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.non_blocking_to_host"] += 1
         return True
 
     return blocking

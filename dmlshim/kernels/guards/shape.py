@@ -8,7 +8,7 @@ from typing import Callable, List, Sequence
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 from dmlshim.kernels.guards.passthrough import EXCLUDE, INCLUDE, NOT_HERE, OTHER, wrap_dim
 
 Tensor = torch.Tensor
@@ -31,39 +31,48 @@ def cat(tensors: List[Tensor], dim: int = 0) -> Tensor:
     else:
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return _CAT(tensors, dim)
-    return _cat_without_empties(tensors, dim)
-
-
-def _cat_without_empties(tensors: List[Tensor], dim: int) -> Tensor:
-    events.note("guard.cat_empty")
+    # an empty operand (GPT-2's first KV-cache update every step): still this one frame
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.cat_empty"] += 1
     dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
     # torch skips 1-D empty tensors (its legacy form) in any dim; the others must fit, with the
     # CPU's and CUDA's messages (torch's meta kernel words them otherwise)
-    shaped = [(i, t) for i, t in enumerate(tensors) if t.dim() != 1 or t.shape[0] != 0]
-    if not shaped:
-        return aten.empty.memory_format([0], dtype=dtype, device=tensors[0].device)
-    ref = shaped[0][1]
-    d = wrap_dim(dim, ref.dim())
-    for i, t in shaped[1:]:
-        if t.dim() != ref.dim():
+    ref, rank, d, keep, extent = None, 0, 0, [], 0
+    for i, t in enumerate(tensors):
+        dtype = torch.promote_types(dtype, t.dtype)
+        if t.dim() == 1 and t.shape[0] == 0:
+            continue
+        if ref is None:
+            ref, rank = t, t.dim()
+            d = dim + rank if -rank <= dim < 0 else dim
+            if not 0 <= d < rank:
+                d = wrap_dim(dim, rank)  # torch's IndexError
+        elif t.dim() != rank:
             raise RuntimeError("Tensors must have same number of dimensions: got "
-                               f"{ref.dim()} and {t.dim()}")
-        for k in range(ref.dim()):
-            if k != d and t.shape[k] != ref.shape[k]:
-                raise RuntimeError(
-                    f"Sizes of tensors must match except in dimension {d}. Expected size "
-                    f"{ref.shape[k]} but got size {t.shape[k]} for tensor number {i} in the "
-                    "list.")
-    keep = [t for _, t in shaped if t.numel() != 0]
+                               f"{rank} and {t.dim()}")
+        elif t.shape[:d] != ref.shape[:d] or t.shape[d + 1:] != ref.shape[d + 1:]:
+            _raise_cat_sizes(ref, t, d, i)
+        extent += t.shape[d]
+        if t.numel() != 0:
+            keep.append(t)
+    if ref is None:
+        return aten.empty.memory_format([0], dtype=dtype, device=tensors[0].device)
     if not keep:
         size = list(ref.shape)
-        size[d] = sum(t.shape[d] for _, t in shaped)
+        size[d] = extent
         return aten.empty.memory_format(size, dtype=dtype, device=ref.device)
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         out = _CAT(keep, d)
     return out if out.dtype == dtype else _TO(out, dtype)
+
+
+def _raise_cat_sizes(ref: Tensor, t: Tensor, d: int, i: int) -> None:
+    for k in range(ref.dim()):
+        if k != d and t.shape[k] != ref.shape[k]:
+            raise RuntimeError(
+                f"Sizes of tensors must match except in dimension {d}. Expected size "
+                f"{ref.shape[k]} but got size {t.shape[k]} for tensor number {i} in the "
+                "list.")
 
 
 # -- an empty slice that starts past 0 segfaults --------------------------------------------
@@ -82,7 +91,8 @@ def slice_tensor(self: Tensor, dim: int = 0, start=None, end=None, step: int = 1
         s = start + size if start < 0 else start
         e = size if end is None else (end + size if end < 0 else end)
         if s > 0 and (s >= size or e <= s):  # empty, past the front
-            events.note("guard.slice_empty")
+            if (shim := current.session) is not None:
+                shim.events.notes["guard.slice_empty"] += 1
             start, end = 0, 0
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         return _SLICE(self, dim, start, end, step)
@@ -115,30 +125,41 @@ _SPLIT_WITH_SIZES = torch._C.TensorBase.split_with_sizes
 _NARROW = torch._C.TensorBase.narrow
 
 
-def _empty_split(self: Tensor, sizes: Sequence[int], dim: int) -> List[Tensor]:
-    events.note("guard.split_empty")
-    parts, start = [], 0
-    for size in sizes:
-        parts.append(_NARROW(self, dim, start, size))
-        start += size
-    return parts
-
-
 def split_tensor(self: Tensor, split_size, dim: int = 0) -> List[Tensor]:
     if self.numel() == 0:
-        dim = wrap_dim(dim, self.dim())
+        rank = self.dim()
+        if -rank <= dim < 0:
+            dim += rank
+        elif not 0 <= dim < rank:
+            dim = wrap_dim(dim, rank)  # torch's IndexError, or a 0-d tensor's dim
+        if (shim := current.session) is not None:
+            shim.events.notes["guard.split_empty"] += 1
         n, step = self.shape[dim], int(split_size)
-        sizes = [min(step, n - s) for s in range(0, n, step)] if step > 0 and n else [n]
-        return _empty_split(self, sizes, dim)
+        if step <= 0 or not n:
+            return [_NARROW(self, dim, 0, n)]
+        parts = []
+        for start in range(0, n, step):
+            parts.append(_NARROW(self, dim, start, min(step, n - start)))
+        return parts
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         return _SPLIT(self, split_size, dim)
 
 
 def split_with_sizes(self: Tensor, split_sizes: Sequence[int], dim: int = 0) -> List[Tensor]:
     if self.numel() == 0:
-        dim = wrap_dim(dim, self.dim())
+        rank = self.dim()
+        if -rank <= dim < 0:
+            dim += rank
+        elif not 0 <= dim < rank:
+            dim = wrap_dim(dim, rank)
         if sum(split_sizes) == self.shape[dim]:
-            return _empty_split(self, split_sizes, dim)
+            if (shim := current.session) is not None:
+                shim.events.notes["guard.split_empty"] += 1
+            parts, start = [], 0
+            for size in split_sizes:
+                parts.append(_NARROW(self, dim, start, size))
+                start += size
+            return parts
     with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
         return _SPLIT_WITH_SIZES(self, split_sizes, dim)
 

@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from dmlshim import events
+from dmlshim import current
 from dmlshim.kernels.guards.passthrough import ARANGE, EXCLUDE, INCLUDE, NOT_HERE, OTHER
 
 Tensor = torch.Tensor
@@ -35,7 +35,8 @@ def reflection_pad2d(self: Tensor, padding: Sequence[int]) -> Tensor:
                 f"Argument #4: Padding size should be less than the corresponding input "
                 f"dimension, but got: padding ({a}, {b}) at dimension {dim} of input "
                 f"{list(self.shape)}")
-    events.note("guard.reflect_pad")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.reflect_pad"] += 1
     x = self
     for dim, before, after in ((w, left, right), (h, top, bottom)):
         n = x.shape[dim]
@@ -56,7 +57,8 @@ def reflection_pad2d_backward(grad_output: Tensor, self: Tensor,
     if min(left, right, top, bottom) < 0 or (left, right) == (top, bottom):
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return _REFLECTION_PAD2D_BACKWARD(grad_output, self, padding)
-    events.note("guard.reflect_pad")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.reflect_pad"] += 1
     g = grad_output
     w, h = g.dim() - 1, g.dim() - 2
     for dim, before, after, n in ((w, left, right, self.shape[-1]),
@@ -122,7 +124,8 @@ def upsample_bilinear2d(self: Tensor, output_size: Sequence[int], align_corners:
                         scales_h: Optional[float] = None,
                         scales_w: Optional[float] = None) -> Tensor:
     # the CPU kernel's order: along the width, then the height, gathered with index_select
-    events.note("guard.bilinear")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.bilinear"] += 1
     oh, ow = (int(v) for v in output_size)
     h, w = self.shape[-2], self.shape[-1]
     x = self.float() if self.dtype in (torch.float16, torch.bfloat16) else self
@@ -140,7 +143,8 @@ def upsample_bilinear2d_backward(grad_output: Tensor, output_size: Sequence[int]
                                  scales_h: Optional[float] = None,
                                  scales_w: Optional[float] = None) -> Tensor:
     # the transpose of the interpolation: M_h^T @ grad @ M_w (matmul, no scatter_add)
-    events.note("guard.bilinear")
+    if (shim := current.session) is not None:
+        shim.events.notes["guard.bilinear"] += 1
     h, w = int(input_size[-2]), int(input_size[-1])
     g = grad_output.float() if grad_output.dtype in (torch.float16, torch.bfloat16) \
         else grad_output
