@@ -21,7 +21,13 @@ bytes are its device tensors copied to the host and its device results copied ba
 Run it where the wheel runs on a D3D12 device, through the WSL harness::
 
     python benchmarks/realwheel_cost.py --counts --d3d12 /path/to/libvkd3d-proton-d3d12.so
-    python benchmarks/realwheel_cost.py --speed --runs 5 --d3d12 /path/to/libvkd3d-proton-d3d12.so
+    python benchmarks/realwheel_cost.py --speed --runs 5 --steps 6 --warmup 2 \
+        --variants "hand,shim,shim:decompose=off,shim:guards=off" --d3d12 /path/to/libvkd3d-proton-d3d12.so
+
+``--speed``: each run a fresh process (warm-up steps, then the timed ones, the device's queue
+drained once at the end); the variants alternate, the order rotating every round; a variant
+``shim:OPTIONS`` installs the shim with those options (``decompose=off;guards=off``), which says
+what each part costs.
 """
 
 from __future__ import annotations
@@ -65,7 +71,10 @@ def _setup(variant: str, model: str):
         sys.path.insert(0, REPO)
         import dmlshim
 
-        dmlshim.install()
+        # --shim-options (guards=off, decompose=off: what each costs), through the environment
+        options = dict(kv.split("=", 1) for kv in
+                       os.environ.get("REALWHEEL_SHIM_OPTIONS", "").split(",") if kv)
+        dmlshim.install(**options)
         device = "cuda"
     import torch
 
@@ -112,6 +121,7 @@ def _counting_mode(decomposed: Dict[str, Callable]):
         def __init__(self) -> None:
             super().__init__()
             self.c: Counter = Counter()
+            self.c_inner: Counter = Counter()  # launches inside the shim's decompositions
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -125,10 +135,14 @@ def _counting_mode(decomposed: Dict[str, Callable]):
             kernel = decomposed.get(name)
             if kernel is not None:  # the shim's kernel: its calls are the device work
                 self.c["decomposed:" + name] += 1
-                before = self.c["launches"]
+                before = Counter({k: v for k, v in self.c.items() if k.startswith("op:")})
+                launched = self.c["launches"]
                 with self:  # (called directly: func() would come back to this mode)
                     out = kernel(*args, **kwargs)
-                self.c["decomposed_launches:" + name] += self.c["launches"] - before
+                self.c["decomposed_launches:" + name] += self.c["launches"] - launched
+                for k, v in self.c.items():
+                    if k.startswith("op:") and v != before[k]:
+                        self.c_inner[k[3:]] += v - before[k]
                 return out
             qualified = func.name()
             if not has(qualified, "PrivateUse1") and (
@@ -170,6 +184,7 @@ def _counting_mode(decomposed: Dict[str, Callable]):
                 self.c["views"] += 1
             else:
                 self.c["launches"] += 1
+                self.c["op:" + name] += 1
             return out
 
     return Counting()
@@ -190,8 +205,9 @@ def one_counts(variant: str, model: str, steps: int) -> Dict[str, object]:
     with mode:
         for b in batches:
             zoo.train_step(task, opt, scaler, b)
+    counts = mode.c + Counter({"decomposed_op:" + k: v for k, v in mode.c_inner.items()})
     return {"variant": variant, "model": model, "torch": torch.__version__, "steps": steps,
-            "per_step": {k: v / steps for k, v in sorted(mode.c.items())}}
+            "per_step": {k: v / steps for k, v in sorted(counts.items())}}
 
 
 def one_speed(variant: str, model: str, steps: int, warmup: int) -> Dict[str, object]:
@@ -210,7 +226,7 @@ def _child(d3d12: str, args: List[str]) -> Dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLSHIM_")}
     cmd = [sys.executable, os.path.join(REPO, "emulated_dml", "wsl.py"), "--d3d12", d3d12, "--",
            sys.executable, os.path.abspath(__file__), *args]
-    for attempt in range(3):
+    for _attempt in range(3):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         # 134 (SIGABRT): the software adapter's own crash, seen now and then on a loaded
         # 2-core machine (the same run passes again); retried, and said in the row
@@ -231,8 +247,8 @@ def _child(d3d12: str, args: List[str]) -> Dict:
 def counts_table(a) -> None:
     print("| model | hand port: launches / fallbacks / bytes to host, to device | shim: launches / "
           "fallbacks / bytes to host, to device | decomposed by the shim (calls: launches) | "
-          "hand port's fallbacks |")
-    print("|---|---|---|---|---|")
+          "hand port's fallbacks | other launches, shim - hand port |")
+    print("|---|---|---|---|---|---|")
     for model in a.models:
         rows = {v: _child(a.d3d12, ["--one-counts", v, "--model", model, "--steps",
                                      str(a.steps)]) for v in ("hand", "shim")}
@@ -253,31 +269,47 @@ def counts_table(a) -> None:
                         for k, v in shim.items() if k.startswith("decomposed:")) or "-"
         fb = ", ".join(f"`{k[9:]}` {v:g}" for k, v in hand.items()
                        if k.startswith("fallback:")) or "-"
-        print(f"| {model} | {cells(rows['hand'])} | {cells(rows['shim'])} | {dec} | {fb} |",
-              flush=True)
+        # launches outside the decompositions that differ (the guards' work, what they replace)
+        inner = {k[3:]: v for k, v in shim.items() if k.startswith("op:")}
+        for k, v in shim.items():
+            if k.startswith("decomposed_op:"):
+                inner[k[14:]] = inner.get(k[14:], 0) - v
+        ops = sorted(set(inner) | {k[3:] for k in hand if k.startswith("op:")})
+        diff = ", ".join(f"`{op}` {inner.get(op, 0) - hand.get('op:' + op, 0):+g}" for op in ops
+                         if inner.get(op, 0) != hand.get("op:" + op, 0)) or "-"
+        print(f"| {model} | {cells(rows['hand'])} | {cells(rows['shim'])} | {dec} | {fb} | "
+              f"{diff if hand and shim else '-'} |", flush=True)
 
 
 def speed_table(a) -> None:
-    print("| workload | model | hand port steps/s (median) | shim steps/s (median) | ratio | runs |")
-    print("|---|---|---:|---:|---:|---:|")
+    """Medians of alternating runs of each variant: ``hand``, ``shim`` and ``shim:OPTIONS``
+    (``shim:decompose=off``: what the decompositions cost, or save)."""
+    variants = a.variants
+    print("| workload | model | " + " | ".join(f"{v} steps/s" for v in variants)
+          + " | " + " | ".join(f"{v} / hand" for v in variants[1:]) + " | runs |")
+    print("|---|---|" + "---:|" * (2 * len(variants) - 1) + "---:|")
     for workload in a.workloads:
         model = SPEED[workload]
-        got: Dict[str, List[float]] = {"hand": [], "shim": []}
+        got: Dict[str, List[float]] = {v: [] for v in variants}
         for i in range(a.runs):
-            order = ("hand", "shim") if i % 2 == 0 else ("shim", "hand")
-            for v in order:
-                r = _child(a.d3d12, ["--one-speed", v, "--model", model, "--steps",
+            shift = i % len(variants)  # the order rotates every round
+            for v in variants[shift:] + variants[:shift]:
+                kind, _, options = v.partition(":")
+                os.environ["REALWHEEL_SHIM_OPTIONS"] = options.replace(";", ",")
+                r = _child(a.d3d12, ["--one-speed", kind, "--model", model, "--steps",
                                      str(a.steps), "--warmup", str(a.warmup)])
                 if "error" in r:
                     raise RuntimeError(f"{workload} {v}: {r['error']}")
                 got[v].append(r["steps_per_s"])
                 if a.json:
                     with open(a.json, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(dict(r, workload=workload, round=i)) + "\n")
-        h, s = statistics.median(got["hand"]), statistics.median(got["shim"])
-        print(f"| {workload} | {model} | {h:.3f} | {s:.3f} | {s / h:.2f} | {a.runs} |", flush=True)
-        print(f"  runs: hand {[round(x, 3) for x in got['hand']]}, "
-              f"shim {[round(x, 3) for x in got['shim']]}", flush=True)
+                        f.write(json.dumps(dict(r, variant=v, workload=workload, round=i)) + "\n")
+        med = {v: statistics.median(got[v]) for v in variants}
+        print(f"| {workload} | {model} | " + " | ".join(f"{med[v]:.3f}" for v in variants) + " | "
+              + " | ".join(f"{med[v] / med[variants[0]]:.2f}" for v in variants[1:])
+              + f" | {a.runs} |", flush=True)
+        for v in variants:
+            print(f"  {v}: {[round(x, 3) for x in got[v]]}", flush=True)
 
 
 def main(argv: List[str]) -> None:
@@ -291,6 +323,10 @@ def main(argv: List[str]) -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", help="append the raw rows (JSON lines) to this file")
+    p.add_argument("--variants", type=lambda s: s.split(","), default=["hand", "shim"],
+                   help="--speed: hand, shim, shim:OPTIONS (shim:decompose=off;guards=off)")
+    p.add_argument("--shim-options", default="",
+                   help="install() options of the shim's runs, e.g. guards=off,decompose=off")
     p.add_argument("--one-counts", choices=("hand", "shim"), help=argparse.SUPPRESS)
     p.add_argument("--one-speed", choices=("hand", "shim"), help=argparse.SUPPRESS)
     p.add_argument("--model", choices=ZOO, help=argparse.SUPPRESS)
@@ -300,6 +336,7 @@ def main(argv: List[str]) -> None:
     elif a.one_speed:
         print(json.dumps(one_speed(a.one_speed, a.model, a.steps or 10, a.warmup)))
     else:
+        os.environ["REALWHEEL_SHIM_OPTIONS"] = a.shim_options
         if not a.d3d12:
             p.error("--d3d12 PATH: the real wheel runs on a real D3D12 library")
         if a.counts:

@@ -8,8 +8,13 @@ as the user wrote it: ``python -m dmlshim -m torch.distributed.run`` with and wi
 ``--standalone``, torchrun's own launcher (what the ``torchrun`` console script runs; the lane's
 python, unpacked wheels, has no console scripts) starting ``-m dmlshim`` ranks,
 ``init_process_group(init_method="env://")`` in ranks started by hand, ``accelerate launch``, and
-Lightning's DDP strategy. Each: two ranks on the CPU target (wine's d3d12 cannot train), their
-parameters equal, and losses and parameters equal to the native run with the workaround.
+Lightning's DDP strategy. Each: two ranks on the CPU target, their parameters equal, and losses
+and parameters equal to the native run with the workaround. Where the lane has a real D3D12
+library (``DMLSHIM_WINDOWS_D3D12``: wine's own d3d12 cannot train), the launches run again with
+dmlshim's default target, the DirectML adapter (both ranks on the one adapter there is, rank N
+taking adapter N mod count): the ranks' parameters equal, the losses within the real lane's
+tolerance of the native CPU run's (the adapter's float32 rounding). Lightning's ``devices=2``
+on ``accelerator="gpu"`` needs two adapters (as two GPUs), and the lane has one.
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
-from tests.helpers import CORPUS, describe, losses
+from tests.helpers import CORPUS, REAL_REL, describe, losses
 
 SCRIPTS = Path(__file__).with_name("scripts")
 DIST = CORPUS / "dist"
@@ -52,6 +57,22 @@ def _check_like_native(proc, native, ranks: int = 2) -> None:
     assert losses(proc.stdout) == losses(native.stdout) != [], describe(proc)
 
 
+def _check_on_the_adapter(win, launch, native, ranks: int = 2) -> None:
+    """Where the lane has a real D3D12 library: ``launch(env)`` with dmlshim's default target
+    trains the ranks on the adapter, in sync, near the native CPU run."""
+    if not win.native_dlls:
+        return
+    proc = launch(win.env(DMLSHIM_DEVICE=None, DMLSHIM_LOG="info"))
+    assert proc.returncode == 0, describe(proc)
+    assert "dmlshim: target dml" in proc.stderr, describe(proc)  # every rank on the adapter
+    params = _params(proc.stdout)
+    assert sorted(params) == [str(r) for r in range(ranks)], describe(proc)
+    assert len(set(params.values())) == 1, describe(proc)  # the ranks' weights in sync
+    assert losses(proc.stdout) == pytest.approx(losses(native.stdout), rel=REAL_REL), \
+        describe(proc)
+    assert losses(native.stdout), describe(native)
+
+
 # -- torchrun ---------------------------------------------------------------------------------
 
 def _torchrun_args(win, *launcher: str) -> List[str]:
@@ -78,6 +99,9 @@ def test_torchrun_static_rendezvous_fails_natively_and_trains_through_the_shim(
                    timeout=TIMEOUT)
     _check_like_native(proc, native_torchrun)
     assert "backend nccl nccl_available True" in proc.stdout, describe(proc)  # ranks shimmed
+    _check_on_the_adapter(win, lambda env: win.run(
+        ["-m", "dmlshim", *_torchrun_args(win, "--master_port", str(_port()))], env, tmp_path,
+        timeout=TIMEOUT), native_torchrun)
 
 
 @pytest.mark.parametrize("how", ["shimmed launcher", "torchrun's launcher, shimmed ranks"])
@@ -90,11 +114,13 @@ def test_torchrun_standalone_without_the_workaround(win, tmp_path, native_torchr
     proc = win.run(args, win.env(DMLSHIM_DEVICE="cpu"), tmp_path, timeout=TIMEOUT)
     _check_like_native(proc, native_torchrun)
     assert "backend nccl nccl_available True" in proc.stdout, describe(proc)
+    _check_on_the_adapter(win, lambda env: win.run(args, env, tmp_path, timeout=TIMEOUT),
+                          native_torchrun)
 
 
 # -- init_process_group(init_method="env://"), ranks started by hand --------------------------
 
-def _by_hand(win, cwd: Path, prefix: List[str], **env: str):
+def _by_hand(win, cwd: Path, prefix: List[str], **env: Optional[str]):
     cwd.mkdir(exist_ok=True)
     port = str(_port())
     args = [*prefix, win.path(DIST / "ddp_env.py")]
@@ -118,12 +144,15 @@ def test_env_init_in_ranks_started_by_hand(win, tmp_path):
     proc = _by_hand(win, tmp_path, ["-m", "dmlshim"], DMLSHIM_DEVICE="cpu")
     assert "backend nccl device cuda:0" in proc.stdout, describe(proc)
     _check_like_native(proc, native)
+    _check_on_the_adapter(win, lambda env: _by_hand(win, tmp_path / "adapter", ["-m", "dmlshim"],
+                                                    DMLSHIM_DEVICE=None, DMLSHIM_LOG="info"),
+                          native)
 
 
 # -- accelerate launch ------------------------------------------------------------------------
 
 def _accelerate(win, cwd: Path, prefix: List[str], launch: List[str], *script_args: str,
-                **env: str):
+                **env: Optional[str]):
     cwd.mkdir(exist_ok=True)
     args = [*prefix, "-m", "accelerate.commands.launch", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
@@ -141,6 +170,9 @@ def test_accelerate_launch_multi_gpu_two_processes(win, tmp_path):
                        DMLSHIM_DEVICE="cpu")
     assert "procs 2 device cuda:0" in proc.stdout, describe(proc)
     _check_like_native(proc, native)
+    _check_on_the_adapter(win, lambda env: _accelerate(
+        win, tmp_path / "adapter", ["-m", "dmlshim"], ["--multi_gpu", "--num_processes", "2"],
+        DMLSHIM_DEVICE=None, DMLSHIM_LOG="info"), native)
 
 
 def test_accelerate_launch_num_processes_two_on_one_device(win, tmp_path):
