@@ -20,7 +20,7 @@ GAPS: Tuple[str, ...] = (
     "masked-fill-mode", "out-unsafe", "flip-negative-dims", "bn-mixed-backward",
     "gather-scatter-negative-dim", "rsub-float-number", "split-empty",
     "non-blocking-to-host", "sub-empty", "gather-empty", "readback-gil",
-    "cat-empty", "slice-empty", "inplace-alias")
+    "cat-empty", "slice-empty", "inplace-alias", "full-float")
 # Opt-in: #362 (not reproduced by 0.2.5) and the wrong results seen on the software D3D12
 # adapter only (facts file: they may be the translation layer's, not the wheel's).
 BUGS: Tuple[str, ...] = ("bug-bn-stats", "bug-nll-ignore", "bug-scatter-add", "bug-ce-2d-none",

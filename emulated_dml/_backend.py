@@ -27,6 +27,7 @@ import torch
 from emulated_dml import _memory, _tensor
 from emulated_dml._state import EmulatorError, check_index, state
 from emulated_dml._tensor import (
+    F64_MESSAGE,
     EmuTensor,
     check_float64,
     check_memory_format,
@@ -41,6 +42,31 @@ _lib: Optional[Any] = None
 _cpp_guard: Optional[Any] = None
 _guard_kind = ""
 _installed = False
+
+
+def full_dtype(fill_value) -> torch.dtype:
+    """The dtype torch's ``full`` infers from a fill value given without one."""
+    if isinstance(fill_value, bool):
+        return torch.bool
+    if isinstance(fill_value, int):
+        return torch.int64
+    if isinstance(fill_value, complex):
+        return torch.complex128 if torch.get_default_dtype() is torch.float64 \
+            else torch.complex64
+    return torch.get_default_dtype()
+
+
+def _full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # torch-directml has a full kernel of its own, which infers no dtype from a float fill value
+    # given without one (a float64 tensor: refused): gap full-float. An int or bool fill value,
+    # or a dtype, works.
+    if dtype is None:
+        if state.full_float and isinstance(fill_value, float):
+            raise RuntimeError(F64_MESSAGE)
+        dtype = full_dtype(fill_value)
+    out = _empty_memory_format(size, dtype=dtype, layout=layout, device=device,
+                               pin_memory=pin_memory)
+    return out.fill_(fill_value)
 
 
 def _empty_memory_format(size, *, dtype=None, layout=None, device=None, pin_memory=None,
@@ -383,6 +409,9 @@ def install(device_module: Optional[type] = None) -> None:
     _lib = torch.library.Library("aten", "IMPL")  # kept alive for the process
     _lib.impl("empty.memory_format", _empty_memory_format, "PrivateUse1")
     _lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    # the wheel has a full kernel of its own (gap full-float), registered from C++: so is this
+    # one (torch.library.Library.impl would refuse a guard's Python kernel over it)
+    _lib.m.impl("full", "PrivateUse1", _full, False)
     _lib.impl("_copy_from", _copy_from, "PrivateUse1")
     _lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _allow_foreach()

@@ -65,6 +65,12 @@ torch.manual_seed(0)
 # fact 2: eye (#431)
 case("eye_n", lambda: enc(torch.eye(3, device=dev)))
 case("eye_nm", lambda: enc(torch.eye(2, 4, device=dev)))
+# torch.full with a float fill value and no dtype (torch infers the default float dtype)
+case("full_float", lambda: {"float": enc(torch.full((2, 3), 1.5, device=dev)),
+                            "int": enc(torch.full((2,), 7, device=dev)),
+                            "bool": enc(torch.full((2,), True, device=dev)),
+                            "dtype": enc(torch.full((2,), 0.25, device=dev,
+                                                    dtype=torch.float16))})
 
 # fact 3: float * bool (#686), every spelling
 x = torch.tensor([-1.5, 2.0, 0.5, -3.0])
@@ -495,7 +501,7 @@ CPU_EQUAL = ["eye_n", "eye_nm", "mul_bool", "mul_inplace_broadcast", "nll_none",
              "scatter_based", "scatter_add", "gather_scatter_negative",
              "gather_negative_forward", "rsub_number", "to_host_non_blocking", "split_empty",
              "sub_empty", "gather_empty", "readback_gil", "cat_empty", "slice_empty",
-             "inplace_alias"]
+             "inplace_alias", "full_float"]
 
 
 @pytest.mark.parametrize("fact", CPU_EQUAL)
@@ -603,6 +609,8 @@ def test_emulator_shows_the_wheels_behaviour_without_guards(runs):
     assert wheel["readback_gil"]["error"].startswith(
         "RuntimeError: emulated_dml (gap readback-gil): a device tensor was read back")
     assert not close(wheel["to_host_non_blocking"], cpu["to_host_non_blocking"])
+    assert wheel["full_float"] == {
+        "error": "RuntimeError: The GPU device does not support Double (Float64) operations!"}
     assert wheel["rsub_number"] == {
         "error": "RuntimeError: The GPU device does not support Double (Float64) operations!"}
     # the batch-norm backward refuses a float16 input with float32 weights

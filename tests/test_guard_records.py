@@ -112,7 +112,7 @@ def _resolves(node_id: str) -> Optional[str]:
 
 
 def test_one_record_per_guard_and_the_names_users_see():
-    assert len(IDS) == len(set(IDS)) == 25
+    assert len(IDS) == len(set(IDS)) == 26
     # the event names of the exit summary and the report, and the switches' spellings, stay
     assert records.BY_NAME["flip_dims"].emulator == ("flip-negative-dims",)
     assert records.BY_NAME["unique_counts"].notes == ("guard.unique",)

@@ -69,6 +69,7 @@ def _cases() -> Dict[str, Case]:
         "mul_bool_mask": (lambda a, m: a * m, t(_r(4, 8), mask)),
         "mul_bool_mask_inplace": (lambda a, m: a.clone().mul_(m), t(_r(4, 8), mask)),
         "sub_self_inplace": (_sub_self, t(_r(4, 8))),
+        "full_float": (lambda a: torch.full((4, 8), 1.5, device=a.device) * a, t(_r(4, 8))),
         "add_detached_alpha": (_add_detached_alpha, t(_r(4, 8))),
         "sub_out_other": (_sub_out_other, t(_r(4, 8), _r(4, 8))),
         "div": (lambda a, b: a / b, t(_r(4, 8), _pos(4, 8))),

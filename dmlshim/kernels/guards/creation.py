@@ -1,6 +1,9 @@
-"""Guard eye (#431): ``torch.eye`` on the device comes back empty (``eye.out`` / ``eye.m_out`` fall
-back, with an output they cannot resize). Replacements on PrivateUse1, built from ``arange``
-and ``eq`` (PyTorch's derivative formula stays in force).
+"""Guards eye (#431): ``torch.eye`` on the device comes back empty (``eye.out`` / ``eye.m_out``
+fall back, with an output they cannot resize); and full_float: ``torch.full(size, 1.5,
+device=...)`` without a dtype raises "does not support Double" (the wheel's own ``full`` kernel
+infers no dtype from a float fill value). Replacements on PrivateUse1: eye built from ``arange``
+and ``eq`` (PyTorch's derivative formula stays in force); full as torch's composite does it, the
+dtype inferred as torch infers it, then ``empty`` and ``fill_`` (both right on the wheel).
 """
 
 from __future__ import annotations
@@ -11,6 +14,25 @@ from dmlshim import current
 from dmlshim.kernels.guards.passthrough import ARANGE
 
 Tensor = torch.Tensor
+aten = torch.ops.aten
+_FILL_ = torch._C.TensorBase.fill_
+_BOOL, _INT64 = torch.bool, torch.int64
+
+
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None) -> Tensor:
+    if dtype is None:  # torch's inference (infer_full_dtype), which the wheel's kernel skips
+        if isinstance(fill_value, bool):
+            dtype = _BOOL
+        elif isinstance(fill_value, int):
+            dtype = _INT64
+        else:
+            if (shim := current.session) is not None:
+                shim.events.notes["guard.full_float"] += 1
+            dtype = torch.get_default_dtype()
+            if isinstance(fill_value, complex):
+                dtype = torch.complex128 if dtype is torch.float64 else torch.complex64
+    return _FILL_(aten.empty.memory_format(size, dtype=dtype, layout=layout, device=device,
+                                           pin_memory=pin_memory), fill_value)
 
 
 def eye_m(n: int, m: int, *, dtype=None, layout=None, device=None,  # noqa: ARG001

@@ -135,6 +135,13 @@ GUARDS: Tuple[Guard, ...] = (
           kernels={"eye": creation.eye, "eye.m": creation.eye_m, "eye.out": creation.eye_out,
                    "eye.m_out": creation.eye_m_out},
           notes=("guard.eye",), emulator=("eye",), real_lane_test=BATTERY, battery=("eye",)),
+    Guard("full_float", "torch.full(size, 1.5, device=...) without a dtype raises \"The GPU "
+          "device does not support Double (Float64) operations!\" (its full kernel infers no "
+          "dtype from a float fill value; an int or bool one, or a dtype, works)", NOT_REPORTED,
+          (LINUX_WHEEL, WINDOWS_DLL), (REPLACEMENT,), "full infers the dtype as torch does "
+          "(the default float dtype for a float), then empty and fill_",
+          _facts("full_float"), kernels={"full": creation.full}, notes=("guard.full_float",),
+          emulator=("full-float",), real_lane_test=BATTERY, battery=("full_float",)),
     Guard("mul_bool", "float tensor * bool tensor gives bool (x * m, m * x, x *= m)",
           "microsoft/DirectML#686, #737", (LINUX_WHEEL,), (INPUT_FIX,),
           "the bool operand becomes the float dtype, then the wheel's own mul runs",
