@@ -128,10 +128,8 @@ def _scatter_add(self: Tensor, dim: int, index: Tensor, src: Tensor, *, ops) -> 
             or index.dtype is not torch.int64:
         with EXCLUDE(NOT_HERE), INCLUDE(OTHER):
             return wheels(self, dim, index, src)
-    if -rank <= dim < 0:
-        dim += rank
-    elif not 0 <= dim < rank:
-        dim = wrap_dim(dim, rank)  # torch's IndexError
+    if not 0 <= dim < rank:  # made non-negative inline; wrap_dim raises torch's error
+        dim = dim + rank if -rank <= dim < 0 else wrap_dim(dim, rank)
     if (shim := current.session) is not None:
         shim.events.notes["guard.scatter_add"] += 1
     shape = index.shape

@@ -128,10 +128,8 @@ _NARROW = torch._C.TensorBase.narrow
 def split_tensor(self: Tensor, split_size, dim: int = 0) -> List[Tensor]:
     if self.numel() == 0:
         rank = self.dim()
-        if -rank <= dim < 0:
-            dim += rank
-        elif not 0 <= dim < rank:
-            dim = wrap_dim(dim, rank)  # torch's IndexError, or a 0-d tensor's dim
+        if not 0 <= dim < rank:  # made non-negative inline; wrap_dim raises torch's error
+            dim = dim + rank if -rank <= dim < 0 else wrap_dim(dim, rank)
         if (shim := current.session) is not None:
             shim.events.notes["guard.split_empty"] += 1
         n, step = self.shape[dim], int(split_size)
@@ -148,10 +146,8 @@ def split_tensor(self: Tensor, split_size, dim: int = 0) -> List[Tensor]:
 def split_with_sizes(self: Tensor, split_sizes: Sequence[int], dim: int = 0) -> List[Tensor]:
     if self.numel() == 0:
         rank = self.dim()
-        if -rank <= dim < 0:
-            dim += rank
-        elif not 0 <= dim < rank:
-            dim = wrap_dim(dim, rank)
+        if not 0 <= dim < rank:  # made non-negative inline; wrap_dim raises torch's error
+            dim = dim + rank if -rank <= dim < 0 else wrap_dim(dim, rank)
         if sum(split_sizes) == self.shape[dim]:
             if (shim := current.session) is not None:
                 shim.events.notes["guard.split_empty"] += 1
