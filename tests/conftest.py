@@ -10,6 +10,9 @@ both. .ci/run runs the fast tier, then the rest, on each lane.
 ``--windows-python PATH``: the Windows lane (.ci/windows-lane): only tests/windows/ runs, on that
 Windows python.exe under wine; without it tests/windows/ is not collected.
 
+Ctrl-C: a suite started with SIGINT ignored (in the background of a script, nohup) gives it back,
+so the Ctrl-C tests interrupt their children as a terminal would (helpers.restore_ctrl_c).
+
 CUDA: hidden from the pytest process and every process a test starts (``CUDA_VISIBLE_DEVICES=""``
 from here on, before torch initialises CUDA; tests/helpers.py says why). The tests marked
 ``cuda`` (tests/cuda/: dmlshim is inert on a real NVIDIA GPU) give their children the GPUs back;
@@ -28,6 +31,7 @@ import helpers  # noqa: E402  (no torch: nothing has initialised CUDA yet)
 import pytest  # noqa: E402
 
 helpers.hide_cuda()
+helpers.restore_ctrl_c()
 
 TIERS = ("fast", "rest", "all")
 

@@ -75,6 +75,15 @@ def hide_cuda() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+def restore_ctrl_c() -> None:
+    """Ctrl-C for this process and its children as a terminal gives it. A suite started in the
+    background of a non-interactive shell (``cmd &``, ``nohup``) inherits SIGINT ignored, which
+    python keeps and every child inherits: the Ctrl-C tests would then compare two processes
+    that cannot be interrupted (and time out). A handler here is SIG_DFL again in each child."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def cuda_state() -> Dict[str, Any]:
     """``{"visible": CUDA_VISIBLE_DEVICES as pytest was started with (None: unset)}``, plus
     ``present`` and ``why`` once :func:`record_cuda_probe` ran."""

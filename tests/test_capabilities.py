@@ -24,7 +24,7 @@ def test_each_kind_answers_for_itself():
     from dmlshim.kernels.guards.records import GUARDS
 
     wheel = {g.name for g in GUARDS} - {"bn_stats"}
-    assert set(dml.known_bugs()) == wheel and len(wheel) == 24
+    assert set(dml.known_bugs()) == wheel and len(wheel) == 25
     assert set(emu.known_bugs()) == wheel
     assert not emu.has_float64(0)  # the emulator's float64 gap is on by default
     assert emu_bug.has_float64(0) and set(emu_bug.known_bugs()) == \
