@@ -23,7 +23,9 @@ STATUS_CONTROL_C_EXIT = 0xC000013A
 STATUS_ACCESS_VIOLATION = 0xC0000005
 
 # What wine itself needs from the host environment; everything else stays out of the Windows
-# process, as on a Windows machine (host PYTHON*, PIP_*, LD_* variables would leak in).
+# process, as on a Windows machine (host PYTHON*, PIP_*, LD_* variables would leak in). The host's
+# Vulkan loader settings (VK_ICD_FILENAMES, VK_DRIVER_FILES: which driver winevulkan, and so the
+# real D3D12 library, runs on) are wine's too.
 _HOST_KEEP = ("HOME", "USER", "LOGNAME", "PATH", "DISPLAY", "XAUTHORITY", "XDG_RUNTIME_DIR",
               "LANG", "TMPDIR")
 # Microsoft's C++ runtime (msvc-runtime's DLLs beside python.exe), as a Windows machine loads it:
@@ -57,7 +59,7 @@ class WindowsPython(Python):
         """The lane's wine settings, the checkout first on ``PYTHONPATH`` (as
         :func:`tests.helpers.clean_env` does), then ``extra`` (``None`` removes)."""
         env = {k: v for k, v in os.environ.items()
-               if k in _HOST_KEEP or k.startswith(("WINE", "LC_"))}
+               if k in _HOST_KEEP or k.startswith(("WINE", "LC_", "VK_"))}
         # a crash must end the process, not start winedbg (which waits for ever)
         overrides = [env.get("WINEDLLOVERRIDES", "")]
         if "winedbg" not in overrides[0]:
